@@ -1,0 +1,26 @@
+"""Builds the compiled core ``shmcomm._core`` from ``src_cython/`` with cythonize."""
+
+import os
+
+import numpy
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+debug = os.environ.get("SHMCOMM_DEBUG_BUILD") == "1"
+extension = Extension(
+    "shmcomm._core",
+    sources=["src_cython/_core.pyx"],
+    include_dirs=["src_cython", numpy.get_include()],
+    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+    extra_compile_args=["-O0", "-g"] if debug else ["-O3", "-fno-strict-aliasing"],
+    libraries=["rt"],
+)
+
+setup(
+    ext_modules=cythonize(
+        [extension],
+        language_level=3,
+        compiler_directives={"boundscheck": False, "wraparound": False, "cdivision": True,
+                             "embedsignature": True},
+    ),
+)
