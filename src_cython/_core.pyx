@@ -1,0 +1,10 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Compiled core of shmcomm: shared segments, waits, reduce kernels, collectives and Futures.
+
+The module is one extension built from the files included below, one concept per file (as
+mpi4py does). The pure-Python package ``shmcomm`` is the public face; nothing here is meant to be
+imported directly except through it.
+"""
+
+include "errors.pxi"
+include "future.pxi"

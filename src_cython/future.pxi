@@ -1,0 +1,1 @@
+# Future, collect_all, wait_all: written by the Futures work.
