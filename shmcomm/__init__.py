@@ -1,5 +1,44 @@
-"""shmcomm: shared-memory collective communication between local Python processes."""
-from shmcomm.errors import *  # noqa: F401,F403
-from shmcomm import _core  # noqa: F401
+"""shmcomm: shared-memory collective communication between local Python processes.
+
+The single-machine counterpart of ``torch.distributed``/MPI. Start ranks with ``shmrun`` and::
+
+    import numpy as np
+    import shmcomm as sc
+
+    sc.init_process_group()                 # rank, size and job from the environment
+    x = np.full(4, sc.get_rank(), np.float32)
+    sc.all_reduce(x)                        # every rank: x == sum of ranks
+    sc.destroy_process_group()
+"""
+
+from shmcomm.errors import (  # noqa: F401
+    AbortedError,
+    CollectiveMismatchError,
+    CommTimeoutError,
+    InvalidStateError,
+    PeerFailureError,
+    ShmcommError,
+)
+from shmcomm._core import Future, collect_all, wait_all  # noqa: F401
+from shmcomm.ops import ReduceOp  # noqa: F401
+from shmcomm.work import Work  # noqa: F401
+from shmcomm.group import (  # noqa: F401
+    ProcessGroup,
+    destroy_process_group,
+    get_rank,
+    get_world_size,
+    init_process_group,
+    is_initialized,
+    new_group,
+)
+from shmcomm.collectives import *  # noqa: F401,F403
+from shmcomm.collectives import __all__ as _collectives_all
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "AbortedError", "CollectiveMismatchError", "CommTimeoutError", "InvalidStateError",
+    "PeerFailureError", "ShmcommError", "Future", "collect_all", "wait_all", "ReduceOp", "Work",
+    "ProcessGroup", "destroy_process_group", "get_rank", "get_world_size", "init_process_group",
+    "is_initialized", "new_group", *_collectives_all,
+]

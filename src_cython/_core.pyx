@@ -5,6 +5,19 @@ The module is one extension built from the files included below, one concept per
 mpi4py does). The pure-Python package ``shmcomm`` is the public face; nothing here is meant to be
 imported directly except through it.
 """
+import os
+import socket
+import time
+
+import numpy as np
+
+from libc.stdint cimport int64_t, uint32_t, uint64_t
+cimport capi
+from capi cimport *
 
 include "errors.pxi"
 include "future.pxi"
+include "segment.pxi"
+include "buffers.pxi"
+include "communicator.pxi"
+include "p2p.pxi"

@@ -1,0 +1,528 @@
+"""Process groups: creation from arguments or the environment, sub-groups, teardown.
+
+A ``ProcessGroup`` owns one shared segment (through the compiled ``Communicator``) and a queue
+that runs its async operations in issue order. Every collective is a method; the module-level
+functions in ``shmcomm.collectives`` call the default group's methods.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+from typing import Sequence
+
+from shmcomm import _core
+from shmcomm.errors import AbortedError
+from shmcomm.ops import ReduceOp, op_code
+from shmcomm.work import OpQueue, Work, completed_work
+
+__all__ = ["ProcessGroup", "init_process_group", "is_initialized", "get_rank", "get_world_size",
+           "new_group", "destroy_process_group", "default_group"]
+
+DEFAULT_TIMEOUT = 300.0
+
+
+class ProcessGroup:
+    """A set of local processes that run collectives together over shared memory.
+
+    Created by ``init_process_group`` (the default group) or ``new_group``; ``src``/``dst``
+    arguments of its methods are ranks within this group::
+
+        pg = sc.init_process_group()
+        x = np.arange(4.0)
+        pg.all_reduce(x)              # same as sc.all_reduce(x, group=pg)
+        print(pg.rank, pg.size, x)
+    """
+
+    def __init__(self, comm: _core.Communicator, global_ranks: Sequence[int], name: str):
+        self._comm = comm
+        self._global_ranks = list(global_ranks)
+        self._name = name
+        self._ops = OpQueue(name)
+        self._p2p = _core.P2PEngine(comm)
+        self._subgroups = 0
+        self._destroyed = False
+
+    # ---- identity ---------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        """This process's rank in the group."""
+        return self._comm.rank
+
+    @property
+    def size(self) -> int:
+        """Number of ranks in the group."""
+        return self._comm.size
+
+    @property
+    def name(self) -> str:
+        """The group's name (job name and group index)."""
+        return self._name
+
+    @property
+    def ranks(self) -> list[int]:
+        """Ranks of the members in the default group, in group-rank order."""
+        return list(self._global_ranks)
+
+    def __repr__(self) -> str:
+        return f"<shmcomm.ProcessGroup {self._name} rank={self.rank} size={self.size}>"
+
+    # ---- running operations -----------------------------------------------------------------
+    def _op(self, fn, args: tuple, outputs: list, async_op: bool):
+        if self._destroyed:
+            raise ValueError(f"process group {self._name} was destroyed")
+        ops = self._ops
+        if not async_op and ops.idle():
+            ops.run_inline(fn, args)
+            return None
+        work = ops.submit(Work(fn, args, outputs, self.abort))
+        if async_op:
+            return work
+        work.wait()
+        return None
+
+    def abort(self) -> None:
+        """Abort the group on every rank: pending and later ops raise AbortedError.
+
+        Example::
+
+            pg.abort()
+        """
+        self._comm.abort()
+        self._ops.fail_pending(AbortedError(f"group {self._name} was aborted"))
+        self._p2p.fail_all(AbortedError(f"group {self._name} was aborted"))
+
+    # ---- collectives ------------------------------------------------------------------------
+    def all_reduce(self, array, op=ReduceOp.SUM, async_op: bool = False):
+        """Reduce ``array`` over all ranks in place; every rank gets the same bits.
+
+        Example::
+
+            x = np.full(3, pg.rank, np.float32); pg.all_reduce(x)   # x == sum of ranks
+        """
+        return self._op(self._comm.all_reduce, (array, op_code(op)), [array], async_op)
+
+    def all_reduce_coalesced(self, arrays, op=ReduceOp.SUM, async_op: bool = False):
+        """All-reduce each array of ``arrays`` (one queued operation).
+
+        Example::
+
+            pg.all_reduce_coalesced([w_grad, b_grad])
+        """
+        arrays, code = list(arrays), op_code(op)
+        return self._op(_each(self._comm.all_reduce, code), (arrays,), arrays, async_op)
+
+    def broadcast(self, array, src: int, async_op: bool = False):
+        """Copy ``array`` of rank ``src`` into ``array`` of every rank.
+
+        Example::
+
+            pg.broadcast(weights, src=0)
+        """
+        return self._op(self._comm.broadcast, (array, _rank_arg(src, "src")), [array], async_op)
+
+    def reduce(self, array, dst: int, op=ReduceOp.SUM, async_op: bool = False):
+        """Reduce into ``array`` of rank ``dst``; other ranks' arrays are unchanged.
+
+        Example::
+
+            pg.reduce(x, dst=0)
+        """
+        return self._op(self._comm.reduce, (array, _rank_arg(dst, "dst"), op_code(op)), [array], async_op)
+
+    def all_gather(self, output_list, array, async_op: bool = False):
+        """Fill ``output_list[q]`` with rank q's ``array`` on every rank.
+
+        Example::
+
+            outs = [np.empty_like(x) for _ in range(pg.size)]; pg.all_gather(outs, x)
+        """
+        outs = list(output_list)
+        return self._op(self._comm.all_gather, (outs, array), outs, async_op)
+
+    def all_gather_into(self, output, array, async_op: bool = False):
+        """Gather every rank's ``array`` into ``output`` (world_size * array.size elements, rank-major).
+
+        Example::
+
+            out = np.empty(pg.size * x.size, x.dtype); pg.all_gather_into(out, x)
+        """
+        return self._op(self._comm.all_gather_into, (output, array), [output], async_op)
+
+    def gather(self, array, gather_list=None, dst: int = 0, async_op: bool = False):
+        """Collect every rank's ``array`` into ``gather_list`` on rank ``dst`` (None elsewhere).
+
+        Example::
+
+            outs = [np.empty_like(x) for _ in range(pg.size)] if pg.rank == 0 else None
+            pg.gather(x, outs, dst=0)
+        """
+        outs = list(gather_list) if gather_list is not None else None
+        return self._op(self._comm.gather, (array, outs, _rank_arg(dst, "dst")), outs or [], async_op)
+
+    def scatter(self, array, scatter_list=None, src: int = 0, async_op: bool = False):
+        """Fill ``array`` on rank q with ``scatter_list[q]`` of rank ``src`` (None elsewhere).
+
+        Example::
+
+            pg.scatter(x, [np.full(4, q) for q in range(pg.size)] if pg.rank == 0 else None, src=0)
+        """
+        ins = list(scatter_list) if scatter_list is not None else None
+        return self._op(self._comm.scatter, (array, ins, _rank_arg(src, "src")), [array], async_op)
+
+    def reduce_scatter(self, output, input_list, op=ReduceOp.SUM, async_op: bool = False):
+        """``output`` on rank r = reduction over ranks of their ``input_list[r]``.
+
+        Example::
+
+            pg.reduce_scatter(out, [np.ones(4) for _ in range(pg.size)])   # out == size
+        """
+        ins = list(input_list)
+        return self._op(self._comm.reduce_scatter, (output, ins, op_code(op)), [output], async_op)
+
+    def reduce_scatter_into(self, output, input, op=ReduceOp.SUM, async_op: bool = False):
+        """Like reduce_scatter with ``input`` holding world_size * output.size elements, rank-major.
+
+        Example::
+
+            pg.reduce_scatter_into(out, np.ones(pg.size * out.size, out.dtype))
+        """
+        return self._op(self._comm.reduce_scatter_into, (output, input, op_code(op)), [output], async_op)
+
+    def all_to_all(self, output_list, input_list, async_op: bool = False):
+        """``output_list[q]`` on rank r receives ``input_list[r]`` of rank q.
+
+        Example::
+
+            pg.all_to_all(outs, [np.full(2, pg.rank * 10 + q) for q in range(pg.size)])
+        """
+        outs, ins = list(output_list), list(input_list)
+        return self._op(self._comm.all_to_all, (outs, ins), outs, async_op)
+
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None,
+                          async_op: bool = False):
+        """All-to-all on single arrays split along the first axis, evenly or by the split sizes.
+
+        Example::
+
+            pg.all_to_all_single(out, inp)      # equal parts
+            pg.all_to_all_single(out, inp, [1, 3], [2, 2])
+        """
+        args = (output, input, output_split_sizes, input_split_sizes)
+        return self._op(self._comm.all_to_all_single, args, [output], async_op)
+
+    def barrier(self, async_op: bool = False):
+        """Wait until every rank of the group reached the barrier.
+
+        Example::
+
+            pg.barrier()
+        """
+        return self._op(self._comm.barrier, (), [], async_op)
+
+    # ---- point to point ---------------------------------------------------------------------
+    def send(self, array, dst: int, tag: int = 0) -> None:
+        """Send ``array`` to rank ``dst`` (returns once it is in shared memory or received).
+
+        Example::
+
+            pg.send(np.arange(4), dst=1, tag=7)
+        """
+        self.isend(array, dst, tag).wait()
+
+    def recv(self, array, src: int | None = None, tag: int = 0) -> int:
+        """Receive into ``array`` from ``src`` (None: any rank); returns the sender's rank.
+
+        Example::
+
+            sender = pg.recv(buf, src=None, tag=7)
+        """
+        work = self.irecv(array, src, tag)
+        work.wait()
+        return work.source_rank()
+
+    def isend(self, array, dst: int, tag: int = 0) -> Work:
+        """Start sending ``array`` to ``dst``; the returned Work completes once it is delivered
+        into shared memory. The array must not change until then.
+
+        Example::
+
+            w = pg.isend(x, dst=1); w.wait()
+        """
+        work = Work(None, (array,), [array], self.abort)
+        self._p2p.post_send(work._future, array, _rank_arg(dst, "dst"), _tag_arg(tag))
+        return work
+
+    def irecv(self, array, src: int | None = None, tag: int = 0) -> Work:
+        """Start receiving into ``array``; ``Work.source_rank()`` names the sender once done.
+
+        Example::
+
+            w = pg.irecv(buf, src=0); w.wait()
+        """
+        work = Work(None, (array,), [array], self.abort)
+        source = -1 if src is None else _rank_arg(src, "src")
+        self._p2p.post_recv(work._future, array, source, _tag_arg(tag), work)
+        return work
+
+    # ---- object collectives -----------------------------------------------------------------
+    def broadcast_object_list(self, object_list: list, src: int = 0) -> None:
+        """Broadcast picklable objects: ``object_list`` of ``src`` replaces everyone's, in place.
+
+        Example::
+
+            objs = [{"lr": 0.1}, "cfg"] if pg.rank == 0 else [None, None]
+            pg.broadcast_object_list(objs, src=0)
+        """
+        from shmcomm import objects
+
+        objects.broadcast_object_list(self, object_list, src)
+
+    def all_gather_object(self, object_list: list, obj) -> None:
+        """Fill ``object_list`` (world_size long) with every rank's picklable ``obj``.
+
+        Example::
+
+            out = [None] * pg.size; pg.all_gather_object(out, {"rank": pg.rank})
+        """
+        from shmcomm import objects
+
+        objects.all_gather_object(self, object_list, obj)
+
+    def gather_object(self, obj, object_gather_list: list | None = None, dst: int = 0) -> None:
+        """Collect every rank's picklable ``obj`` into ``object_gather_list`` on ``dst``.
+
+        Example::
+
+            out = [None] * pg.size if pg.rank == 0 else None; pg.gather_object(pg.rank, out)
+        """
+        from shmcomm import objects
+
+        objects.gather_object(self, obj, object_gather_list, dst)
+
+    def scatter_object_list(self, scatter_object_output_list: list, scatter_object_input_list,
+                            src: int = 0) -> None:
+        """Rank q gets ``scatter_object_input_list[q]`` of ``src`` in ``output_list[0]``.
+
+        Example::
+
+            out = [None]; pg.scatter_object_list(out, list(range(pg.size)) if pg.rank == 0 else None)
+        """
+        from shmcomm import objects
+
+        objects.scatter_object_list(self, scatter_object_output_list, scatter_object_input_list, src)
+
+    # ---- shared arrays ------------------------------------------------------------------------
+    def empty(self, shape, dtype=float):
+        """A numpy array in this group's shared memory (collective: every rank calls it).
+
+        Example::
+
+            x = pg.empty(1 << 20, np.float32)
+        """
+        from shmcomm import shared_arrays
+
+        return shared_arrays.empty(self, shape, dtype)
+
+    # ---- teardown -----------------------------------------------------------------------------
+    def _destroy(self) -> None:
+        if self._destroyed:
+            return
+        self._destroyed = True
+        self._ops.stop()
+        self._p2p.close()
+        self._comm.close()
+
+
+def _each(fn, code):
+    def run(arrays):
+        for a in arrays:
+            fn(a, code)
+    return run
+
+
+def _rank_arg(value, argname: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            import operator
+            return operator.index(value)
+        except TypeError:
+            raise TypeError(f"{argname} must be an int rank, got {type(value).__name__}") from None
+    return value
+
+
+def _tag_arg(tag) -> int:
+    tag = _rank_arg(tag, "tag")
+    if not -(2**63) <= tag < 2**63:
+        raise ValueError(f"tag must fit in 64 bits, got {tag}")
+    return tag
+
+
+# ---- the default group and module-level management ------------------------------------------
+_lock = threading.Lock()
+_default: ProcessGroup | None = None
+_groups: list[ProcessGroup] = []
+
+
+def _env_int(var: str) -> int:
+    raw = os.environ.get(var)
+    if raw is None:
+        raise ValueError(f"{var} is not set: pass it as an argument or run under shmrun/torchrun")
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{var} must be an integer, got {raw!r}") from None
+
+
+def _env_job() -> str:
+    job = os.environ.get("SHMCOMM_JOB")
+    if job:
+        return job
+    run_id, port = os.environ.get("TORCHELASTIC_RUN_ID"), os.environ.get("MASTER_PORT")
+    if run_id and port:
+        return f"{run_id}-{port}"
+    raise ValueError("SHMCOMM_JOB is not set (nor TORCHELASTIC_RUN_ID and MASTER_PORT): pass name= "
+                     "or run under shmrun/torchrun")
+
+
+def init_process_group(rank: int | None = None, world_size: int | None = None, name: str | None = None,
+                       timeout: float | None = None) -> ProcessGroup:
+    """Join the default group; missing arguments come from RANK, WORLD_SIZE and SHMCOMM_JOB.
+
+    Every rank must call it with the same job name and world size; it returns once all have
+    joined (or raises CommTimeoutError after ``timeout`` seconds, default SHMCOMM_TIMEOUT or 300)::
+
+        pg = sc.init_process_group()                                  # under shmrun
+        pg = sc.init_process_group(rank=0, world_size=2, name="job-42", timeout=60.0)
+    """
+    global _default
+    with _lock:
+        if _default is not None:
+            raise ValueError("init_process_group was already called; destroy_process_group() first")
+        rank = _env_int("RANK") if rank is None else _rank_arg(rank, "rank")
+        world_size = _env_int("WORLD_SIZE") if world_size is None else _rank_arg(world_size, "world_size")
+        job = _env_job() if name is None else name
+        if not isinstance(job, str) or not job:
+            raise ValueError(f"name must be a non-empty string, got {job!r}")
+        if timeout is None:
+            timeout = float(os.environ.get("SHMCOMM_TIMEOUT", DEFAULT_TIMEOUT))
+        comm = _core.Communicator(job, "g0", rank, world_size, float(timeout))
+        _default = ProcessGroup(comm, range(world_size), f"{job}.g0")
+        _groups.append(_default)
+        return _default
+
+
+def default_group() -> ProcessGroup:
+    """The default group; ValueError if ``init_process_group`` was not called.
+
+    Example::
+
+        pg = default_group()
+    """
+    if _default is None:
+        raise ValueError("shmcomm is not initialized: call shmcomm.init_process_group() first")
+    return _default
+
+
+def resolve(group: ProcessGroup | None) -> ProcessGroup:
+    """``group`` itself, or the default group for None (TypeError for anything else)."""
+    if group is None:
+        return default_group()
+    if not isinstance(group, ProcessGroup):
+        raise TypeError(f"group must be a shmcomm.ProcessGroup or None, got {type(group).__name__}")
+    return group
+
+
+def is_initialized() -> bool:
+    """True between ``init_process_group`` and ``destroy_process_group``.
+
+    Example::
+
+        if not sc.is_initialized(): sc.init_process_group()
+    """
+    return _default is not None
+
+
+def get_rank(group: ProcessGroup | None = None) -> int:
+    """This process's rank in ``group`` (default group when None).
+
+    Example::
+
+        print(sc.get_rank())
+    """
+    return resolve(group).rank
+
+
+def get_world_size(group: ProcessGroup | None = None) -> int:
+    """Number of ranks in ``group`` (default group when None).
+
+    Example::
+
+        n = sc.get_world_size()
+    """
+    return resolve(group).size
+
+
+def new_group(ranks: Sequence[int] | None = None, timeout: float | None = None) -> ProcessGroup | None:
+    """Create a sub-group of the default group; every rank of the default group must call it.
+
+    Ranks are sorted (as torch does); members get the new group, other ranks get None::
+
+        sub = sc.new_group(ranks=[0, 2])
+        if sub is not None:
+            sc.all_reduce(x, group=sub)
+    """
+    parent = default_group()
+    members = list(range(parent.size)) if ranks is None else sorted(_rank_arg(r, "ranks[i]") for r in ranks)
+    if len(set(members)) != len(members) or not members:
+        raise ValueError(f"ranks must be distinct and non-empty, got {ranks}")
+    bad = [r for r in members if not 0 <= r < parent.size]
+    if bad:
+        raise ValueError(f"ranks {bad} are outside the default group of size {parent.size}")
+    with _lock:
+        parent._subgroups += 1
+        index = parent._subgroups
+    if parent.rank not in members:
+        return None
+    job = parent._comm.job
+    comm = _core.Communicator(job, f"g{index}", members.index(parent.rank), len(members),
+                              float(timeout or parent._comm.timeout))
+    group = ProcessGroup(comm, members, f"{job}.g{index}")
+    with _lock:
+        _groups.append(group)
+    return group
+
+
+def destroy_process_group(group: ProcessGroup | None = None) -> None:
+    """Release a group's shared memory; with None, the default group and every sub-group.
+
+    Example::
+
+        sc.destroy_process_group()
+    """
+    global _default
+    with _lock:
+        if group is None:
+            victims = list(_groups)
+            _groups.clear()
+            _default = None
+        else:
+            group = resolve(group)
+            victims = [group]
+            if group in _groups:
+                _groups.remove(group)
+            if group is _default:
+                _default = None
+    for g in victims:
+        g._destroy()
+
+
+@atexit.register
+def _leave_at_exit() -> None:
+    # Peers waiting on this rank learn it left instead of waiting for the liveness check.
+    for g in list(_groups):
+        try:
+            g._destroy()
+        except Exception:  # noqa: BLE001 - best effort at interpreter exit
+            pass

@@ -1,0 +1,87 @@
+# C-level declarations used by the compiled core, declared once (as mpi4py does).
+from libc.stdint cimport int32_t, uint16_t, uint32_t, uint64_t
+
+
+cdef extern from "shm_sync.h" nogil:
+    uint32_t shm_load_acquire(const uint32_t *p)
+    uint64_t shm_load_acquire64(const uint64_t *p)
+    void shm_store_release64(uint64_t *p, uint64_t v)
+    uint32_t shm_fetch_add(uint32_t *p, uint32_t v)
+    void shm_store_seq_cst(uint32_t *p, uint32_t v)
+    void shm_store_relaxed(uint32_t *p, uint32_t v)
+    int shm_seq_geq(uint32_t a, uint32_t b)
+    uint64_t shm_now_ns()
+    void shm_futex_wake_all(uint32_t *addr)
+    void shm_publish(uint32_t *word, uint32_t value, uint32_t *waiters)
+    void shm_ring_bell(uint32_t *bell, uint32_t *waiters)
+    int shm_wait_geq(uint32_t *word, uint32_t target, uint32_t *waiters,
+                     uint64_t spin_ns, int yields, uint64_t sleep_ns)
+    int shm_pidfd_open(int pid)
+    int shm_pidfd_exited(int pidfd)
+
+
+cdef extern from "shm_layout.h" nogil:
+    uint64_t SHM_MAGIC
+    uint32_t SHM_VERSION
+    int SHM_HEADER_BYTES, SHM_CB_BYTES, SHM_RING_CTRL_BYTES, SHM_DESC_WORDS
+    int SHM_RANK_ABSENT, SHM_RANK_ATTACHED, SHM_RANK_DEPARTED
+
+    ctypedef struct shm_header_t:
+        uint64_t magic
+        uint32_t version
+        uint32_t world_size
+        uint64_t layout_size
+        uint64_t slot_bytes
+        uint64_t ring_bytes
+        int32_t creator_pid
+        uint32_t attached
+        uint32_t attached_waiters
+        uint32_t abort_flag
+        uint64_t nonce
+        char job[128]
+        char boot_id[64]
+        char hostname[64]
+
+    ctypedef struct shm_cb_t:
+        uint32_t seq
+        uint32_t seq_waiters
+        int32_t pid
+        uint32_t state
+        uint64_t desc[2][8]
+        uint32_t bell
+        uint32_t bell_waiters
+
+    ctypedef struct shm_ring_t:
+        uint64_t head
+        uint64_t tail
+
+
+cdef extern from "reduce_kernels.h" nogil:
+    enum:
+        SHM_BOOL, SHM_INT8, SHM_UINT8, SHM_INT16, SHM_UINT16, SHM_INT32, SHM_UINT32, SHM_INT64
+        SHM_UINT64, SHM_FLOAT16, SHM_BFLOAT16, SHM_FLOAT32, SHM_FLOAT64, SHM_LONGDOUBLE
+        SHM_COMPLEX64, SHM_COMPLEX128, SHM_CLONGDOUBLE, SHM_NDTYPES
+    enum:
+        SHM_SUM, SHM_PRODUCT, SHM_MIN, SHM_MAX, SHM_AVG, SHM_BAND, SHM_BOR, SHM_BXOR, SHM_NOPS
+    int shm_reduce(void *dst, const void *const *srcs, int n, size_t count, int dtype, int op)
+    int shm_reduce_supported(int dtype, int op)
+
+
+cdef extern from "<sys/mman.h>" nogil:
+    int shm_open(const char *name, int oflag, int mode)
+    int shm_unlink(const char *name)
+    void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset)
+    int munmap(void *addr, size_t length)
+    int PROT_READ, PROT_WRITE, MAP_SHARED
+    void *MAP_FAILED
+
+
+cdef extern from "<fcntl.h>" nogil:
+    int O_RDWR, O_CREAT, O_EXCL
+    int posix_fallocate(int fd, long offset, long length)
+
+
+cdef extern from "<sys/stat.h>" nogil:
+    cdef struct stat:
+        long st_size
+    int fstat(int fd, stat *buf)

@@ -1,0 +1,802 @@
+# Communicator: one group's shared segment and the step protocol every collective is built on.
+#
+# Step protocol. Each rank owns a monotonically increasing `seq` in its control block and two data
+# slots, used by step parity. One step: write your own slot (and descriptor), publish seq = s
+# (release), wait until every peer's seq >= s (acquire), then read peers' slots. A rank publishes s
+# only after it finished reading step s-1, so writing slot[s % 2] at step s never races a reader of
+# step s-2: no trailing barrier is needed. The first step of every collective also carries a
+# descriptor (what was called, dtype, size, root, op) that every rank checks against all others,
+# so a mismatch raises CollectiveMismatchError on every rank instead of returning corrupt data.
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy, memmove
+from posix.signal cimport kill
+from posix.unistd cimport getpid
+from cpython.exc cimport PyErr_CheckSignals
+
+cdef uint64_t SLICE_NS = 50 * 1000 * 1000  # futex sleep slice: how often health is checked
+
+# Descriptor words: kind, dtype, nbytes, root, op, extra.
+cdef enum:
+    K_BARRIER = 1
+    K_ALL_REDUCE
+    K_BROADCAST
+    K_REDUCE
+    K_ALL_GATHER
+    K_GATHER
+    K_SCATTER
+    K_REDUCE_SCATTER
+    K_ALL_TO_ALL
+    K_ALL_TO_ALL_V
+    K_ALLOC
+
+KIND_NAMES = {K_BARRIER: "barrier", K_ALL_REDUCE: "all_reduce", K_BROADCAST: "broadcast",
+              K_REDUCE: "reduce", K_ALL_GATHER: "all_gather", K_GATHER: "gather",
+              K_SCATTER: "scatter", K_REDUCE_SCATTER: "reduce_scatter",
+              K_ALL_TO_ALL: "all_to_all", K_ALL_TO_ALL_V: "all_to_all_single",
+              K_ALLOC: "empty/zeros"}
+OP_NAMES = ("SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR")
+
+
+cdef inline size_t _align_up(size_t x, size_t a) noexcept nogil:
+    return (x + a - 1) // a * a
+
+
+def _env_bytes(str var, size_t default, size_t minimum):
+    raw = os.environ.get(var)
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{var} must be an integer number of bytes, got {raw!r}") from None
+    if value < <long long>minimum:
+        raise ValueError(f"{var} must be at least {minimum}, got {value}")
+    return value
+
+
+cdef void _copy_text(char *dst, str text, size_t cap):
+    cdef bytes raw = text.encode()[:cap]
+    memcpy(dst, <char *>raw, len(raw))
+    dst[len(raw)] = 0
+
+
+def _boot_id():
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+cdef class Communicator:
+    """The compiled side of a process group (internal: use ``shmcomm.init_process_group``)."""
+    cdef Segment seg
+    cdef char *base
+    cdef capi.shm_header_t *hdr
+    cdef readonly int rank
+    cdef readonly int size
+    cdef readonly str job
+    cdef readonly str part
+    cdef readonly size_t slot_bytes
+    cdef readonly size_t ring_bytes
+    cdef readonly size_t small_bytes
+    cdef size_t ring_off, ring_stride, slot_off
+    cdef uint32_t step
+    cdef uint64_t spin_ns
+    cdef int yields
+    cdef uint64_t deadline_ns
+    cdef readonly double timeout
+    cdef int *pidfds
+    cdef int *pids
+    cdef const void **srcs
+    cdef char **ptrs
+    cdef size_t *sizes
+    cdef object broken
+    cdef str op_name
+    cdef bint closed
+
+    def __cinit__(self):
+        self.pidfds = NULL
+        self.pids = NULL
+        self.srcs = NULL
+        self.ptrs = NULL
+        self.sizes = NULL
+        self.closed = True
+
+    def __init__(self, str job, str part, int rank, int size, double timeout):
+        if size < 1:
+            raise ValueError(f"world_size must be >= 1, got {size}")
+        if not 0 <= rank < size:
+            raise ValueError(f"rank must be in [0, {size}), got {rank}")
+        if not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        self.rank, self.size, self.job, self.part = rank, size, job, part
+        self.timeout = timeout
+        self.broken = None
+        self.op_name = "init"
+        self.small_bytes = _env_bytes("SHMCOMM_SMALL_BYTES", 16384, 0)
+        usable = len(os.sched_getaffinity(0))
+        spin_us = _env_bytes("SHMCOMM_SPIN_US", 50 if size <= usable else 0, 0)
+        self.spin_ns = spin_us * 1000
+        self.yields = 4 if size <= usable else 2
+        self.pidfds = <int *>malloc(size * sizeof(int))
+        self.pids = <int *>malloc(size * sizeof(int))
+        self.srcs = <const void **>malloc(size * sizeof(void *))
+        self.ptrs = <char **>malloc(2 * size * sizeof(char *))
+        self.sizes = <size_t *>malloc(2 * size * sizeof(size_t))
+        if not (self.pidfds and self.pids and self.srcs and self.ptrs and self.sizes):
+            raise MemoryError()
+        for r in range(size):
+            self.pidfds[r] = -1
+            self.pids[r] = 0
+        self._rendezvous(_env_bytes("SHMCOMM_SLOT_BYTES", 1 << 20, 4096),
+                         _env_bytes("SHMCOMM_RING_BYTES", 256 << 10, 4096))
+        self.closed = False
+
+    # ---- layout -------------------------------------------------------------------------------
+    cdef size_t _layout(self, size_t slot_bytes, size_t ring_bytes):
+        cdef size_t n = self.size
+        self.slot_bytes = _align_up(slot_bytes, 4096)
+        self.ring_bytes = _align_up(ring_bytes, 4096)
+        self.ring_off = _align_up(SHM_HEADER_BYTES + n * SHM_CB_BYTES, 4096)
+        self.ring_stride = SHM_RING_CTRL_BYTES + self.ring_bytes
+        self.slot_off = _align_up(self.ring_off + n * n * self.ring_stride, 4096)
+        return self.slot_off + 2 * n * self.slot_bytes
+
+    cdef inline capi.shm_cb_t *cb(self, int r) noexcept nogil:
+        return <capi.shm_cb_t *>(self.base + SHM_HEADER_BYTES + r * SHM_CB_BYTES)
+
+    cdef inline char *slot(self, int r, uint32_t s) noexcept nogil:
+        return self.base + self.slot_off + (r * 2 + (s & 1)) * self.slot_bytes
+
+    cdef inline capi.shm_ring_t *ring(self, int src, int dst) noexcept nogil:
+        return <capi.shm_ring_t *>(self.base + self.ring_off + (src * self.size + dst) * self.ring_stride)
+
+    # ---- rendezvous ---------------------------------------------------------------------------
+    cdef _rendezvous(self, size_t slot_bytes, size_t ring_bytes):
+        from shmcomm.segments import describe, segment_name
+        name = segment_name(self.job, self.part)
+        deadline = time.monotonic() + self.timeout
+        host, boot = socket.gethostname(), _boot_id()
+        cdef size_t total
+        if self.rank == 0:
+            total = self._layout(slot_bytes, ring_bytes)
+            while True:
+                try:
+                    self.seg = Segment.create(name, total)
+                    break
+                except FileExistsError:
+                    info = describe("/dev/shm" + name)
+                    if info.valid and not info.stale:
+                        raise ShmcommError(
+                            f"job name {self.job!r} is in use by live processes {info.pids}; "
+                            f"give this job another name (SHMCOMM_JOB or name=)") from None
+                    Segment.attach(name) and None
+                    os.unlink("/dev/shm" + name) if os.path.exists("/dev/shm" + name) else None
+            self.base = self.seg.base
+            self.hdr = <capi.shm_header_t *>self.base
+            self.hdr.version = SHM_VERSION
+            self.hdr.world_size = self.size
+            self.hdr.layout_size = total
+            self.hdr.slot_bytes = self.slot_bytes
+            self.hdr.ring_bytes = self.ring_bytes
+            self.hdr.creator_pid = getpid()
+            self.hdr.nonce = int.from_bytes(os.urandom(8), "little")
+            _copy_text(self.hdr.job, self.job, 127)
+            _copy_text(self.hdr.boot_id, boot, 63)
+            _copy_text(self.hdr.hostname, host, 63)
+            capi.shm_store_release64(&self.hdr.magic, SHM_MAGIC)
+        else:
+            self._attach(name, deadline, host, boot)
+        self._register()
+        try:
+            self._wait_all_attached(deadline)
+        except BaseException:
+            self.cb(self.rank).state = SHM_RANK_DEPARTED
+            self.seg.unlink_name()
+            raise
+        for r in range(self.size):
+            self.pids[r] = self.cb(r).pid
+            if r != self.rank:
+                self.pidfds[r] = capi.shm_pidfd_open(self.pids[r])
+
+    cdef _attach(self, str name, double deadline, str host, str boot):
+        cdef Segment seg
+        delay = 0.0005
+        while True:
+            seg = Segment.attach(name)
+            if seg is not None and seg.size >= SHM_HEADER_BYTES:
+                hdr = <capi.shm_header_t *>seg.base
+                if capi.shm_load_acquire64(&hdr.magic) == SHM_MAGIC and self._creator_alive(hdr.creator_pid):
+                    if hdr.version != SHM_VERSION:
+                        raise ShmcommError(f"segment {name} has layout version {hdr.version}, this "
+                                           f"shmcomm uses {SHM_VERSION}: mixed shmcomm versions?")
+                    if hdr.world_size != <uint32_t>self.size:
+                        raise ShmcommError(f"rank {self.rank} was started with world_size={self.size} "
+                                           f"but rank 0 with world_size={hdr.world_size}")
+                    self.base = seg.base
+                    total = self._layout(hdr.slot_bytes, hdr.ring_bytes)
+                    if hdr.layout_size != total or seg.size != total:
+                        raise ShmcommError(f"segment {name} has a corrupt layout size")
+                    theirs_host = hdr.hostname.decode(errors="replace")
+                    theirs_boot = hdr.boot_id.decode(errors="replace")
+                    if theirs_host != host[:63] or theirs_boot != boot[:63]:
+                        raise ShmcommError(
+                            f"rank {self.rank} on host {host!r} found rank 0 on host {theirs_host!r}: "
+                            f"shmcomm groups must have every rank on one machine")
+                    self.seg = seg
+                    self.hdr = hdr
+                    return
+            seg = None
+            if time.monotonic() > deadline:
+                raise CommTimeoutError(
+                    f"rank {self.rank} found no segment from rank 0 of job {self.job!r} within "
+                    f"{self.timeout} s: is rank 0 running, on this machine, with the same job name?")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.01)
+            PyErr_CheckSignals()
+
+    cdef bint _creator_alive(self, int pid):
+        return pid > 0 and (kill(pid, 0) == 0 or errno != 3)  # ESRCH
+
+    cdef _register(self):
+        cdef capi.shm_cb_t *me = self.cb(self.rank)
+        if me.state == SHM_RANK_ATTACHED and me.pid > 0 and kill(me.pid, 0) == 0:
+            raise ShmcommError(f"rank {self.rank} of job {self.job!r} is already taken by pid "
+                               f"{me.pid}: two processes were given the same rank")
+        me.pid = getpid()
+        capi.shm_store_seq_cst(&me.state, SHM_RANK_ATTACHED)
+        cdef uint32_t joined = capi.shm_fetch_add(&self.hdr.attached, 1) + 1
+        capi.shm_futex_wake_all(&self.hdr.attached)
+        if joined == <uint32_t>self.size:
+            self.seg.unlink_name()  # everyone is in: the name is no longer needed
+
+    cdef _wait_all_attached(self, double deadline):
+        cdef uint32_t target = self.size
+        while not capi.shm_wait_geq(&self.hdr.attached, target, &self.hdr.attached_waiters,
+                                     0, 1, SLICE_NS // 5):
+            PyErr_CheckSignals()
+            if not self._creator_alive(self.hdr.creator_pid):
+                raise PeerFailureError(f"rank 0 (pid {self.hdr.creator_pid}) died during start-up",
+                                       0, self.hdr.creator_pid)
+            if time.monotonic() > deadline:
+                missing = [r for r in range(self.size) if self.cb(r).state != SHM_RANK_ATTACHED]
+                raise CommTimeoutError(
+                    f"init_process_group timed out after {self.timeout} s: rank(s) {missing} of job "
+                    f"{self.job!r} never joined (same job name and world size on every rank?)")
+
+    # ---- waiting and health -------------------------------------------------------------------
+    cdef bint _peer_dead(self, int r) noexcept nogil:
+        if self.pidfds[r] >= 0:
+            return capi.shm_pidfd_exited(self.pidfds[r])
+        return kill(self.pids[r], 0) != 0 and errno == 3
+
+    cdef object _fail(self, object exc):
+        """Remember why the group broke (a step was left half done) and return the error."""
+        self.broken = exc
+        return exc
+
+    cdef int _check_health(self, int peer, uint32_t target) except -1 nogil:
+        """Raise if the group is aborted, a peer we wait for is gone, the deadline passed, or a
+        Python signal handler raised. peer < 0: every peer whose seq is behind `target`."""
+        cdef int r, first, last
+        if capi.shm_load_acquire(&self.hdr.abort_flag):
+            with gil:
+                raise self._fail(AbortedError(f"{self.op_name}: the group was aborted"))
+        if peer < 0:
+            first, last = 0, self.size
+        else:
+            first, last = peer, peer + 1
+        for r in range(first, last):
+            if r == self.rank:
+                continue
+            if peer < 0 and capi.shm_seq_geq(capi.shm_load_acquire(&self.cb(r).seq), target):
+                continue
+            if capi.shm_load_acquire(&self.cb(r).state) == SHM_RANK_DEPARTED or self._peer_dead(r):
+                with gil:
+                    raise self._fail(PeerFailureError(
+                        f"{self.op_name}: rank {r} (pid {self.pids[r]}) died or left the group",
+                        r, self.pids[r]))
+        if capi.shm_now_ns() > self.deadline_ns:
+            with gil:
+                raise self._fail(CommTimeoutError(
+                    f"{self.op_name} timed out after {self.timeout} s on rank {self.rank} "
+                    f"waiting for {'rank %d' % peer if peer >= 0 else 'its peers'}"))
+        with gil:
+            try:
+                PyErr_CheckSignals()
+            except BaseException as exc:
+                self._fail(ShmcommError(f"{self.op_name} interrupted: {exc!r}"))
+                raise
+        return 0
+
+    cdef int _wait(self, uint32_t *word, uint32_t target, uint32_t *waiters, int peer) except -1 nogil:
+        if capi.shm_wait_geq(word, target, waiters, self.spin_ns, self.yields, SLICE_NS):
+            return 0
+        while True:
+            self._check_health(peer, target)
+            if capi.shm_wait_geq(word, target, waiters, 0, 0, SLICE_NS):
+                return 0
+
+    cdef int _begin(self, str op_name) except -1:
+        if self.closed:
+            raise ShmcommError(f"{op_name}: the process group was destroyed")
+        if capi.shm_load_acquire(&self.hdr.abort_flag):
+            raise AbortedError(f"{op_name}: the group was aborted")
+        if self.broken is not None:
+            raise ShmcommError(f"{op_name}: the group is unusable after an earlier failure: "
+                               f"{self.broken}") from self.broken
+        self.op_name = op_name
+        self.deadline_ns = capi.shm_now_ns() + <uint64_t>(self.timeout * 1e9)
+        return 0
+
+    # ---- the step ---------------------------------------------------------------------------
+    cdef inline uint32_t next_step(self) noexcept nogil:
+        return self.step + 1
+
+    cdef int _step(self) except -1 nogil:
+        cdef uint32_t s = self.step + 1
+        cdef int i, q
+        cdef capi.shm_cb_t *c = self.cb(self.rank)
+        self.step = s
+        capi.shm_publish(&c.seq, s, &c.seq_waiters)
+        for i in range(1, self.size):
+            q = (self.rank + i) % self.size
+            c = self.cb(q)
+            if not capi.shm_seq_geq(capi.shm_load_acquire(&c.seq), s):
+                self._wait(&c.seq, s, &c.seq_waiters, -1)
+        return 0
+
+    cdef void _set_desc(self, uint64_t kind, uint64_t dtype, uint64_t nbytes, uint64_t root,
+                        uint64_t op) noexcept nogil:
+        cdef uint64_t *d = self.cb(self.rank).desc[(self.step + 1) & 1]
+        d[0] = kind; d[1] = dtype; d[2] = nbytes; d[3] = root; d[4] = op
+
+    cdef int _check_desc(self) except -1 nogil:
+        cdef uint64_t *mine = self.cb(self.rank).desc[self.step & 1]
+        cdef uint64_t *theirs
+        cdef int q, w
+        for q in range(self.size):
+            theirs = self.cb(q).desc[self.step & 1]
+            for w in range(5):
+                if theirs[w] != mine[w]:
+                    with gil:
+                        raise CollectiveMismatchError(self._mismatch_text())
+        return 0
+
+    cdef str _mismatch_text(self):
+        lines = []
+        for q in range(self.size):
+            d = self.cb(q).desc[self.step & 1]
+            kind = KIND_NAMES.get(d[0], f"kind {d[0]}")
+            dtype = DTYPE_NAMES[d[1]] if d[1] < len(DTYPE_NAMES) else "-"
+            lines.append(f"rank {q}: {kind}(dtype={dtype}, nbytes={d[2]}, root={<int64_t>d[3]}, "
+                         f"op={OP_NAMES[d[4]] if d[4] < len(OP_NAMES) else '-'})")
+        return "ranks called different collectives or arguments:\n  " + "\n  ".join(lines)
+
+    cdef inline void _slice(self, size_t count, int q, int itemsize, size_t *lo, size_t *hi) noexcept nogil:
+        """Bounds of rank q's share of `count` elements, cache-line aligned."""
+        cdef size_t align = 64 // itemsize if itemsize < 64 else 1
+        cdef size_t per = _align_up((count + self.size - 1) // self.size, align)
+        lo[0] = min(q * per, count)
+        hi[0] = min(lo[0] + per, count)
+
+    # ---- algorithms on raw pointers (no GIL) --------------------------------------------------
+    cdef int _reduce(self, char *ptr, size_t count, int itemsize, int dtype, int op, int root) except -1 nogil:
+        """all_reduce when root < 0, else reduce to root. Small: one shot; large: pipelined
+        reduce-scatter then all-gather (or gather to root) through the slots."""
+        cdef int n = self.size, q, i
+        cdef uint32_t s
+        cdef size_t nbytes = count * itemsize, chunk, c, off = 0, lo, hi
+        cdef bint first = True, wants = root < 0 or root == self.rank
+        self._set_desc(K_ALL_REDUCE if root < 0 else K_REDUCE, dtype, nbytes, <uint64_t>root, op)
+        if nbytes <= self.small_bytes or nbytes <= <size_t>(64 * n):
+            s = self.next_step()
+            memcpy(self.slot(self.rank, s), ptr, nbytes)
+            self._step()
+            self._check_desc()
+            if wants:
+                for q in range(n):
+                    self.srcs[q] = self.slot(q, s)
+                shm_reduce(ptr, self.srcs, n, count, dtype, op)
+            return 0
+        chunk = self.slot_bytes // itemsize
+        while first or off < count:
+            c = min(chunk, count - off)
+            s = self.next_step()
+            memcpy(self.slot(self.rank, s), ptr + off * itemsize, c * itemsize)
+            self._step()
+            if first:
+                self._check_desc()
+                first = False
+            self._slice(c, self.rank, itemsize, &lo, &hi)
+            for q in range(n):
+                self.srcs[q] = self.slot(q, s) + lo * itemsize
+            shm_reduce(self.slot(self.rank, s + 1) + lo * itemsize, self.srcs, n, hi - lo, dtype, op)
+            self._step()
+            if wants:
+                for i in range(n):
+                    q = (self.rank + i) % n
+                    self._slice(c, q, itemsize, &lo, &hi)
+                    memcpy(ptr + (off + lo) * itemsize, self.slot(q, s + 1) + lo * itemsize,
+                           (hi - lo) * itemsize)
+            off += c
+        return 0
+
+    cdef int _broadcast(self, char *ptr, size_t nbytes, int dtype, int root) except -1 nogil:
+        cdef uint32_t s
+        cdef size_t off = 0, c
+        cdef bint first = True
+        self._set_desc(K_BROADCAST, dtype, nbytes, root, 0)
+        while first or off < nbytes:
+            c = min(self.slot_bytes, nbytes - off)
+            s = self.next_step()
+            if self.rank == root:
+                memcpy(self.slot(root, s), ptr + off, c)
+            self._step()
+            if first:
+                self._check_desc()
+                first = False
+            if self.rank != root:
+                memcpy(ptr + off, self.slot(root, s), c)
+            off += c
+        return 0
+
+    cdef int _gather(self, char **outs, char *inp, size_t nbytes, int dtype, int root) except -1 nogil:
+        """all_gather when root < 0 (outs on every rank), else gather to root (outs on root only)."""
+        cdef uint32_t s
+        cdef size_t off = 0, c
+        cdef int i, q, n = self.size
+        cdef bint first = True, wants = root < 0 or root == self.rank
+        self._set_desc(K_ALL_GATHER if root < 0 else K_GATHER, dtype, nbytes, <uint64_t>root, 0)
+        while first or off < nbytes:
+            c = min(self.slot_bytes, nbytes - off)
+            s = self.next_step()
+            memcpy(self.slot(self.rank, s), inp + off, c)
+            self._step()
+            if first:
+                self._check_desc()
+                first = False
+            if wants:
+                for i in range(n):
+                    q = (self.rank + i) % n
+                    if q == self.rank:
+                        if outs[q] + off != inp + off:
+                            memmove(outs[q] + off, inp + off, c)
+                    else:
+                        memcpy(outs[q] + off, self.slot(q, s), c)
+            off += c
+        return 0
+
+    cdef int _scatter(self, char *out, char **ins, size_t nbytes, int dtype, int root) except -1 nogil:
+        cdef uint32_t s
+        cdef size_t off = 0, c, cap = (self.slot_bytes // self.size) // 64 * 64
+        cdef int q
+        cdef bint first = True
+        self._set_desc(K_SCATTER, dtype, nbytes, root, 0)
+        while first or off < nbytes:
+            c = min(cap, nbytes - off)
+            s = self.next_step()
+            if self.rank == root:
+                for q in range(self.size):
+                    if q != root:
+                        memcpy(self.slot(root, s) + q * cap, ins[q] + off, c)
+            self._step()
+            if first:
+                self._check_desc()
+                first = False
+            if self.rank == root:
+                if out + off != ins[root] + off:
+                    memmove(out + off, ins[root] + off, c)
+            else:
+                memcpy(out + off, self.slot(root, s) + self.rank * cap, c)
+            off += c
+        return 0
+
+    cdef int _reduce_scatter(self, char *out, char **ins, size_t count, int itemsize, int dtype,
+                             int op) except -1 nogil:
+        """out = op over ranks of ins[rank]; each ins[q] holds `count` elements."""
+        cdef uint32_t s
+        cdef int q, n = self.size
+        cdef size_t cap = ((self.slot_bytes // n) // 64 * 64) // itemsize, off = 0, c
+        cdef bint first = True
+        self._set_desc(K_REDUCE_SCATTER, dtype, count * itemsize, 0, op)
+        while first or off < count:
+            c = min(cap, count - off)
+            s = self.next_step()
+            for q in range(n):
+                if q != self.rank:
+                    memcpy(self.slot(self.rank, s) + q * cap * itemsize, ins[q] + off * itemsize,
+                           c * itemsize)
+            self._step()
+            if first:
+                self._check_desc()
+                first = False
+            for q in range(n):
+                if q == self.rank:
+                    self.srcs[q] = ins[q] + off * itemsize
+                else:
+                    self.srcs[q] = self.slot(q, s) + self.rank * cap * itemsize
+            shm_reduce(out + off * itemsize, self.srcs, n, c, dtype, op)
+            off += c
+        return 0
+
+    cdef int _all_to_all(self, char **outs, char **ins, size_t *in_bytes, size_t *out_bytes,
+                         int dtype, bint uniform) except -1 nogil:
+        """outs[q] <- peer q's ins[rank]. Uniform: every piece in_bytes[0] bytes. Otherwise a first
+        step exchanges every rank's split sizes so each rank checks the whole matrix."""
+        cdef uint32_t s
+        cdef int q, a, b, n = self.size
+        cdef size_t cap = (self.slot_bytes // n) // 64 * 64, off = 0, c, most = 0, pending
+        cdef uint64_t *sizes
+        cdef bint first = True
+        if uniform:
+            most = in_bytes[0]
+            self._set_desc(K_ALL_TO_ALL, dtype, most, 0, 0)
+        else:
+            self._set_desc(K_ALL_TO_ALL_V, dtype, 0, 0, 0)
+            s = self.next_step()
+            sizes = <uint64_t *>self.slot(self.rank, s)
+            for q in range(n):
+                sizes[q] = in_bytes[q]
+                sizes[n + q] = out_bytes[q]
+            self._step()
+            self._check_desc()
+            first = False
+            for a in range(n):
+                for b in range(n):
+                    if (<uint64_t *>self.slot(a, s))[b] != (<uint64_t *>self.slot(b, s))[n + a]:
+                        with gil:
+                            raise CollectiveMismatchError(
+                                f"all_to_all_single: rank {a} sends "
+                                f"{(<uint64_t *>self.slot(a, s))[b]} bytes to rank {b}, which "
+                                f"expects {(<uint64_t *>self.slot(b, s))[n + a]}")
+                    most = max(most, (<uint64_t *>self.slot(a, s))[b])
+        if out_bytes[self.rank] and outs[self.rank] != ins[self.rank]:
+            memmove(outs[self.rank], ins[self.rank], out_bytes[self.rank])
+        while first or off < most:
+            s = self.next_step()
+            for q in range(n):
+                if q != self.rank and in_bytes[q] > off:
+                    memcpy(self.slot(self.rank, s) + q * cap, ins[q] + off, min(cap, in_bytes[q] - off))
+            self._step()
+            if first:
+                self._check_desc()
+                first = False
+            for q in range(n):
+                if q != self.rank and out_bytes[q] > off:
+                    memcpy(outs[q] + off, self.slot(q, s) + self.rank * cap, min(cap, out_bytes[q] - off))
+            off += cap
+        return 0
+
+    cdef int _barrier(self) except -1 nogil:
+        self._set_desc(K_BARRIER, 0, 0, 0, 0)
+        self._step()
+        self._check_desc()
+        return 0
+
+    # ---- Python-facing entry points: validate, then run without the GIL ------------------------
+    cdef int _check_root(self, int root, str argname) except -1:
+        if not 0 <= root < self.size:
+            raise ValueError(f"{argname} must be a rank in [0, {self.size}), got {root}")
+        return 0
+
+    cdef int _check_op(self, int dtype, int op) except -1:
+        if not 0 <= op < SHM_NOPS:
+            raise ValueError(f"op must be a ReduceOp, got {op}")
+        if not shm_reduce_supported(dtype, op):
+            if op == SHM_AVG:
+                raise TypeError(f"op AVG needs a floating-point or complex dtype, got {DTYPE_NAMES[dtype]}")
+            raise TypeError(f"op {OP_NAMES[op]} is not supported for dtype {DTYPE_NAMES[dtype]}")
+        return 0
+
+    def all_reduce(self, array, int op=SHM_SUM):
+        cdef buf_t b
+        owner = as_buf(array, &b, True, "array")
+        self._check_op(b.dtype, op)
+        self._begin("all_reduce")
+        if self.size > 1:
+            with nogil:
+                self._reduce(b.ptr, b.count, b.itemsize, b.dtype, op, -1)
+
+    def reduce(self, array, int dst, int op=SHM_SUM):
+        cdef buf_t b
+        owner = as_buf(array, &b, True, "array")
+        self._check_op(b.dtype, op)
+        self._check_root(dst, "dst")
+        self._begin("reduce")
+        if self.size > 1:
+            with nogil:
+                self._reduce(b.ptr, b.count, b.itemsize, b.dtype, op, dst)
+
+    def broadcast(self, array, int src):
+        cdef buf_t b
+        self._check_root(src, "src")
+        owner = as_buf(array, &b, src != self.rank, "array")
+        self._begin("broadcast")
+        if self.size > 1:
+            with nogil:
+                self._broadcast(b.ptr, b.nbytes, b.dtype, src)
+
+    cdef list _fill_ptrs(self, list arrays, buf_t *like, str argname, bint writable, size_t offset):
+        """Point self.ptrs[offset + q] at arrays[q], each shaped like `like`."""
+        cdef buf_t b
+        cdef int q
+        if len(arrays) != self.size:
+            raise ValueError(f"{argname} must hold world_size={self.size} arrays, got {len(arrays)}")
+        owners = []
+        for q in range(self.size):
+            a = arrays[q]
+            owners.append(as_buf(a, &b, writable, f"{argname}[{q}]"))
+            if b.nbytes != like.nbytes or b.dtype != like.dtype:
+                raise ValueError(f"{argname}[{q}] has {b.count} {DTYPE_NAMES[b.dtype]} elements; expected "
+                                 f"{like.count} {DTYPE_NAMES[like.dtype]}")
+            self.ptrs[offset + q] = b.ptr
+        return owners
+
+    cdef _split_into(self, object arr, buf_t *whole, buf_t *piece, str argname, size_t offset):
+        """Point self.ptrs[offset + q] at the q-th of world_size equal parts of `whole`."""
+        cdef int q
+        if whole.dtype != piece.dtype or whole.count != piece.count * self.size:
+            raise ValueError(f"{argname} must hold world_size * {piece.count} = "
+                             f"{piece.count * self.size} {DTYPE_NAMES[piece.dtype]} elements, got "
+                             f"{whole.count} {DTYPE_NAMES[whole.dtype]}")
+        for q in range(self.size):
+            self.ptrs[offset + q] = whole.ptr + q * piece.nbytes
+
+    def all_gather(self, list output_list, array):
+        cdef buf_t b
+        owner = as_buf(array, &b, False, "array")
+        owners = self._fill_ptrs(output_list, &b, "output_list", True, 0)
+        self._begin("all_gather")
+        with nogil:
+            self._gather(self.ptrs, b.ptr, b.nbytes, b.dtype, -1)
+
+    def all_gather_into(self, output, array):
+        cdef buf_t b, o
+        owner = as_buf(array, &b, False, "array")
+        out_owner = as_buf(output, &o, True, "output")
+        self._split_into(output, &o, &b, "output", 0)
+        self._begin("all_gather_into")
+        with nogil:
+            self._gather(self.ptrs, b.ptr, b.nbytes, b.dtype, -1)
+
+    def gather(self, array, gather_list, int dst):
+        cdef buf_t b
+        self._check_root(dst, "dst")
+        owner = as_buf(array, &b, False, "array")
+        owners = None
+        if self.rank == dst:
+            if gather_list is None:
+                raise ValueError("gather_list is required on the dst rank")
+            owners = self._fill_ptrs(list(gather_list), &b, "gather_list", True, 0)
+        elif gather_list is not None:
+            raise ValueError("gather_list must be None on ranks other than dst")
+        self._begin("gather")
+        with nogil:
+            self._gather(self.ptrs, b.ptr, b.nbytes, b.dtype, dst)
+
+    def scatter(self, array, scatter_list, int src):
+        cdef buf_t b
+        self._check_root(src, "src")
+        owner = as_buf(array, &b, True, "array")
+        owners = None
+        if self.rank == src:
+            if scatter_list is None:
+                raise ValueError("scatter_list is required on the src rank")
+            owners = self._fill_ptrs(list(scatter_list), &b, "scatter_list", False, 0)
+        elif scatter_list is not None:
+            raise ValueError("scatter_list must be None on ranks other than src")
+        self._begin("scatter")
+        with nogil:
+            self._scatter(b.ptr, self.ptrs, b.nbytes, b.dtype, src)
+
+    def reduce_scatter(self, output, list input_list, int op=SHM_SUM):
+        cdef buf_t o
+        out_owner = as_buf(output, &o, True, "output")
+        self._check_op(o.dtype, op)
+        owners = self._fill_ptrs(input_list, &o, "input_list", False, 0)
+        self._begin("reduce_scatter")
+        with nogil:
+            self._reduce_scatter(o.ptr, self.ptrs, o.count, o.itemsize, o.dtype, op)
+
+    def reduce_scatter_into(self, output, input, int op=SHM_SUM):
+        cdef buf_t o, i
+        out_owner = as_buf(output, &o, True, "output")
+        in_owner = as_buf(input, &i, False, "input")
+        self._check_op(o.dtype, op)
+        self._split_into(input, &i, &o, "input", 0)
+        self._begin("reduce_scatter_into")
+        with nogil:
+            self._reduce_scatter(o.ptr, self.ptrs, o.count, o.itemsize, o.dtype, op)
+
+    def all_to_all(self, list output_list, list input_list):
+        cdef buf_t first
+        cdef int q
+        if len(input_list) != self.size:
+            raise ValueError(f"input_list must hold world_size={self.size} arrays, got {len(input_list)}")
+        owner = as_buf(input_list[0], &first, False, "input_list[0]")
+        in_owners = self._fill_ptrs(input_list, &first, "input_list", False, self.size)
+        out_owners = self._fill_ptrs(output_list, &first, "output_list", True, 0)
+        for q in range(self.size):
+            self.sizes[q] = first.nbytes
+            self.sizes[self.size + q] = first.nbytes
+        self._begin("all_to_all")
+        with nogil:
+            self._all_to_all(self.ptrs, self.ptrs + self.size, self.sizes, self.sizes + self.size,
+                             first.dtype, True)
+
+    cdef int _set_splits(self, object splits, buf_t *b, str argname, size_t ptr_base,
+                         size_t size_base) except -1:
+        """Point self.ptrs[ptr_base + q] at part q of `b` and record its byte size."""
+        cdef int q, n = self.size
+        cdef size_t off = 0
+        if splits is None:
+            if b.count % n:
+                raise ValueError(f"{b.count} elements do not split evenly into world_size={n} "
+                                 f"parts; pass {argname}")
+            splits = [b.count // n] * n
+        splits = [int(x) for x in splits]
+        if len(splits) != n or any(x < 0 for x in splits):
+            raise ValueError(f"{argname} must be {n} non-negative sizes, got {splits}")
+        if sum(splits) != <long long>b.count:
+            raise ValueError(f"{argname} sum to {sum(splits)} but the array has {b.count} elements")
+        for q in range(n):
+            self.ptrs[ptr_base + q] = b.ptr + off * b.itemsize
+            self.sizes[size_base + q] = <size_t>splits[q] * b.itemsize
+            off += <size_t>splits[q]
+        return 0
+
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None):
+        cdef buf_t o, i
+        cdef int n = self.size
+        out_owner = as_buf(output, &o, True, "output")
+        in_owner = as_buf(input, &i, False, "input")
+        if o.dtype != i.dtype:
+            raise ValueError(f"output dtype {DTYPE_NAMES[o.dtype]} differs from input dtype "
+                             f"{DTYPE_NAMES[i.dtype]}")
+        self._set_splits(output_split_sizes, &o, "output_split_sizes", 0, n)
+        self._set_splits(input_split_sizes, &i, "input_split_sizes", n, 0)
+        self._begin("all_to_all_single")
+        with nogil:
+            self._all_to_all(self.ptrs, self.ptrs + n, self.sizes, self.sizes + n, o.dtype, False)
+
+    def barrier(self):
+        self._begin("barrier")
+        if self.size > 1:
+            with nogil:
+                self._barrier()
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def abort(self):
+        """Abort the group on every rank: pending and later ops raise AbortedError."""
+        if self.hdr == NULL:
+            return
+        capi.shm_store_seq_cst(&self.hdr.abort_flag, 1)
+        for r in range(self.size):
+            capi.shm_futex_wake_all(&self.cb(r).seq)
+            capi.shm_futex_wake_all(&self.cb(r).bell)
+
+    def is_aborted(self):
+        return self.hdr != NULL and capi.shm_load_acquire(&self.hdr.abort_flag) != 0
+
+    def close(self):
+        """Leave the group: peers still waiting on this rank get PeerFailureError."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.hdr != NULL:
+            capi.shm_store_seq_cst(&self.cb(self.rank).state, SHM_RANK_DEPARTED)
+            capi.shm_futex_wake_all(&self.cb(self.rank).seq)
+            capi.shm_futex_wake_all(&self.cb(self.rank).bell)
+        for r in range(self.size):
+            if self.pidfds[r] >= 0:
+                close(self.pidfds[r])
+                self.pidfds[r] = -1
+
+    def __dealloc__(self):
+        if self.pidfds != NULL:
+            for r in range(self.size):
+                if self.pidfds[r] >= 0:
+                    close(self.pidfds[r])
+        free(self.pidfds); free(self.pids); free(self.srcs); free(self.ptrs); free(self.sizes)

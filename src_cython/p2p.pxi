@@ -1,0 +1,365 @@
+# Point-to-point messages: one single-producer single-consumer byte ring per (src, dst) pair in the
+# group segment, and a progress engine that moves bytes for every pending send and receive.
+#
+# A message is a 32-byte header (tag, payload size, dtype) followed by its payload, streamed
+# through the ring in as many pieces as needed, so any size passes through a fixed ring. Receives
+# match messages in arrival order per sender and posting order per receive (MPI's non-overtaking
+# rule); a message no receive has asked for yet is copied into an "unexpected" buffer. Every ring
+# movement rings the peer's doorbell, the one futex word a blocked progress loop sleeps on.
+import threading
+from collections import deque
+from libc.string cimport memcpy
+
+cdef enum:
+    MSG_HEADER_BYTES = 32
+    MSG_MAGIC = 0x4d534853  # "SHSM"
+
+
+cdef class _SendOp:
+    cdef object future
+    cdef object owner
+    cdef char *ptr
+    cdef size_t total      # header + payload
+    cdef size_t done
+    cdef unsigned char header[32]
+    cdef uint64_t deadline
+
+
+cdef class _RecvOp:
+    cdef object future
+    cdef object owner
+    cdef object work
+    cdef char *ptr
+    cdef size_t nbytes
+    cdef int dtype
+    cdef int src
+    cdef int64_t tag
+    cdef uint64_t deadline
+
+
+cdef class _Incoming:
+    """The message currently streaming in from one sender."""
+    cdef int src
+    cdef unsigned char header[32]
+    cdef size_t header_got
+    cdef int64_t tag
+    cdef size_t nbytes
+    cdef int dtype
+    cdef size_t got
+    cdef _RecvOp target     # the receive it feeds, or None while unexpected
+    cdef bytearray buf      # unexpected payload (or a too-large one being drained)
+    cdef bint complete
+    cdef object error
+
+
+cdef class P2PEngine:
+    """Progress engine for a group's send/recv (internal: use ProcessGroup.isend/irecv)."""
+    cdef Communicator comm
+    cdef list sendq          # per destination: deque of _SendOp
+    cdef list incoming       # per source: _Incoming or None
+    cdef list posted         # _RecvOp in posting order
+    cdef list unexpected     # _Incoming without a receive, in arrival order
+    cdef object lock
+    cdef object cond
+    cdef object thread
+    cdef int pending
+    cdef bint closed
+
+    def __init__(self, Communicator comm):
+        self.comm = comm
+        self.sendq = [deque() for _ in range(comm.size)]
+        self.incoming = [None] * comm.size
+        self.posted = []
+        self.unexpected = []
+        self.lock = threading.RLock()
+        self.cond = threading.Condition(self.lock)
+        self.thread = None
+        self.pending = 0
+        self.closed = False
+
+    # ---- posting ------------------------------------------------------------------------------
+    def post_send(self, future, array, int dst, int64_t tag):
+        cdef buf_t b
+        cdef _SendOp op = _SendOp()
+        op.owner = as_buf(array, &b, False, "array")
+        self._check_peer(dst, "dst")
+        op.future, op.ptr, op.total, op.done = future, b.ptr, MSG_HEADER_BYTES + b.nbytes, 0
+        (<uint32_t *>op.header)[0] = MSG_MAGIC
+        (<uint32_t *>op.header)[1] = b.dtype
+        (<int64_t *>op.header)[1] = tag
+        (<uint64_t *>op.header)[2] = b.nbytes
+        (<uint64_t *>op.header)[3] = 0
+        op.deadline = self._deadline()
+        with self.lock:
+            self._check_open()
+            self.sendq[dst].append(op)
+            self.pending += 1
+            self._pass()
+            self._kick()
+
+    def post_recv(self, future, array, int src, int64_t tag, work):
+        cdef buf_t b
+        cdef _RecvOp op = _RecvOp()
+        cdef _Incoming inc
+        op.owner = as_buf(array, &b, True, "array")
+        if src >= 0:
+            self._check_peer(src, "src")
+        op.future, op.work, op.ptr, op.nbytes, op.dtype = future, work, b.ptr, b.nbytes, b.dtype
+        op.src, op.tag, op.deadline = src, tag, self._deadline()
+        with self.lock:
+            self._check_open()
+            self.pending += 1
+            for inc in self.unexpected:
+                if (src < 0 or inc.src == src) and inc.tag == tag and inc.target is None:
+                    inc.target = op
+                    if inc.complete:
+                        self.unexpected.remove(inc)
+                        self._deliver(inc)
+                    break
+            else:
+                self.posted.append(op)
+                self._pass()
+            self._kick()
+
+    cdef _check_peer(self, int r, str argname):
+        if not 0 <= r < self.comm.size:
+            raise ValueError(f"{argname} must be a rank in [0, {self.comm.size}), got {r}")
+
+    cdef _check_open(self):
+        if self.closed:
+            raise ShmcommError("the process group was destroyed")
+        if self.comm.is_aborted():
+            raise AbortedError("the group was aborted")
+
+    cdef uint64_t _deadline(self):
+        return capi.shm_now_ns() + <uint64_t>(self.comm.timeout * 1e9)
+
+    cdef _kick(self):
+        if self.pending:
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._loop, daemon=True,
+                                               name=f"shmcomm-p2p-{self.comm.part}")
+                self.thread.start()
+            self.cond.notify()
+
+    # ---- moving bytes -------------------------------------------------------------------------
+    cdef bint _pass(self) except -1:
+        """Move every byte that can move now; True if anything moved."""
+        cdef bint moved = False
+        cdef int r
+        for r in range(self.comm.size):
+            while self.sendq[r]:
+                if self._write(r, <_SendOp>self.sendq[r][0]):
+                    moved = True
+                if (<_SendOp>self.sendq[r][0]).done < (<_SendOp>self.sendq[r][0]).total:
+                    break
+                self._finish((<_SendOp>self.sendq[r].popleft()).future, None, None, -1)
+        for r in range(self.comm.size):
+            while self._read(r):
+                moved = True
+        return moved
+
+    cdef bint _write(self, int dst, _SendOp op) except -1:
+        cdef Communicator c = self.comm
+        cdef capi.shm_ring_t *ring = c.ring(c.rank, dst)
+        cdef char *data = <char *>ring + SHM_RING_CTRL_BYTES
+        cdef uint64_t head = ring.head, tail = capi.shm_load_acquire64(&ring.tail)
+        cdef size_t cap = c.ring_bytes, room = cap - <size_t>(head - tail), n, pos, first, k
+        cdef const char *src
+        if room == 0:
+            return False
+        while room and op.done < op.total:
+            if op.done < MSG_HEADER_BYTES:
+                src, n = <char *>op.header + op.done, MSG_HEADER_BYTES - op.done
+            else:
+                src, n = op.ptr + (op.done - MSG_HEADER_BYTES), op.total - op.done
+            n = min(n, room)
+            pos = head % cap
+            first = min(n, cap - pos)
+            with nogil:
+                memcpy(data + pos, src, first)
+                if n > first:
+                    memcpy(data, src + first, n - first)
+            head += n
+            room -= n
+            op.done += n
+        capi.shm_store_release64(&ring.head, head)
+        capi.shm_ring_bell(&c.cb(dst).bell, &c.cb(dst).bell_waiters)
+        return True
+
+    cdef size_t _take(self, int src, char *dst, size_t want) except? 0:
+        """Copy up to `want` available bytes of ring src->me into dst; return how many."""
+        cdef Communicator c = self.comm
+        cdef capi.shm_ring_t *ring = c.ring(src, c.rank)
+        cdef char *data = <char *>ring + SHM_RING_CTRL_BYTES
+        cdef uint64_t tail = ring.tail, head = capi.shm_load_acquire64(&ring.head)
+        cdef size_t cap = c.ring_bytes, n = min(want, <size_t>(head - tail)), pos, first
+        if n == 0:
+            return 0
+        pos = tail % cap
+        first = min(n, cap - pos)
+        if dst != NULL:
+            with nogil:
+                memcpy(dst, data + pos, first)
+                if n > first:
+                    memcpy(dst + first, data, n - first)
+        capi.shm_store_release64(&ring.tail, tail + n)
+        capi.shm_ring_bell(&c.cb(src).bell, &c.cb(src).bell_waiters)
+        return n
+
+    cdef bint _read(self, int src) except -1:
+        cdef _Incoming inc = self.incoming[src]
+        cdef size_t n
+        cdef char *dst
+        if inc is None:
+            inc = _Incoming()
+            inc.src = src
+            self.incoming[src] = inc
+        if inc.header_got < MSG_HEADER_BYTES:
+            n = self._take(src, <char *>inc.header + inc.header_got, MSG_HEADER_BYTES - inc.header_got)
+            inc.header_got += n
+            if inc.header_got < MSG_HEADER_BYTES:
+                return n > 0
+            if (<uint32_t *>inc.header)[0] != MSG_MAGIC:
+                raise ShmcommError(f"corrupt message header from rank {src}")
+            inc.dtype = (<uint32_t *>inc.header)[1]
+            inc.tag = (<int64_t *>inc.header)[1]
+            inc.nbytes = (<uint64_t *>inc.header)[2]
+            self._match(inc)
+        if inc.got < inc.nbytes:
+            if inc.buf is not None:
+                dst = <char *>inc.buf + inc.got
+            else:
+                dst = inc.target.ptr + inc.got
+            n = self._take(src, dst, inc.nbytes - inc.got)
+            inc.got += n
+            if inc.got < inc.nbytes:
+                return n > 0
+        inc.complete = True
+        self.incoming[src] = None
+        if inc.target is not None:
+            if inc.buf is not None and inc in self.unexpected:
+                self.unexpected.remove(inc)  # a receive claimed it while it streamed in
+            self._deliver(inc)
+        return True
+
+    cdef _match(self, _Incoming inc):
+        cdef _RecvOp op
+        for op in self.posted:
+            if (op.src < 0 or op.src == inc.src) and op.tag == inc.tag:
+                self.posted.remove(op)
+                inc.target = op
+                if op.nbytes != inc.nbytes or op.dtype != inc.dtype:
+                    inc.buf = bytearray(inc.nbytes)  # drain it, then fail the receive
+                    inc.error = CollectiveMismatchError(
+                        f"recv: rank {inc.src} sent {inc.nbytes} bytes of {DTYPE_NAMES[inc.dtype]} "
+                        f"(tag {inc.tag}) into a buffer of {op.nbytes} bytes of {DTYPE_NAMES[op.dtype]}")
+                return
+        inc.buf = bytearray(inc.nbytes)
+        self.unexpected.append(inc)
+
+    cdef _deliver(self, _Incoming inc):
+        cdef _RecvOp op = inc.target
+        cdef char *src
+        if inc.error is None and inc.buf is not None:
+            if op.nbytes != inc.nbytes or op.dtype != inc.dtype:
+                inc.error = CollectiveMismatchError(
+                    f"recv: rank {inc.src} sent {inc.nbytes} bytes of {DTYPE_NAMES[inc.dtype]} "
+                    f"(tag {inc.tag}) into a buffer of {op.nbytes} bytes of {DTYPE_NAMES[op.dtype]}")
+            else:
+                src = <char *>inc.buf
+                memcpy(op.ptr, src, inc.nbytes)
+        self._finish(op.future, inc.error, op.work, inc.src)
+
+    cdef _finish(self, future, error, work, int source):
+        self.pending -= 1
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+            return
+        if work is not None:
+            work._source = source
+        future.set_result(work._outputs if work is not None else [])
+
+    # ---- the progress thread ------------------------------------------------------------------
+    def _loop(self):
+        cdef Communicator c = self.comm
+        cdef capi.shm_cb_t *me = c.cb(c.rank)
+        cdef uint32_t bell
+        while True:
+            with self.lock:
+                while not self.pending and not self.closed:
+                    self.cond.wait()
+                if self.closed:
+                    return
+                bell = capi.shm_load_acquire(&me.bell)
+                try:
+                    moved = self._pass()
+                    if not moved:
+                        self._check_failures()
+                except BaseException as exc:  # noqa: fail everything rather than hang
+                    self._fail_all(exc)
+                    continue
+            if not moved:
+                with nogil:
+                    capi.shm_wait_geq(&me.bell, bell + 1, &me.bell_waiters, c.spin_ns, c.yields, SLICE_NS)
+
+    cdef _check_failures(self):
+        """Fail operations whose peer is gone, or that ran past their deadline."""
+        cdef Communicator c = self.comm
+        cdef uint64_t now = capi.shm_now_ns()
+        cdef _SendOp s
+        cdef _RecvOp r
+        if c.is_aborted():
+            self._fail_all(AbortedError("the group was aborted"))
+            return
+        gone = [q != c.rank and (capi.shm_load_acquire(&c.cb(q).state) == SHM_RANK_DEPARTED
+                                 or c._peer_dead(q)) for q in range(c.size)]
+        for q in range(c.size):
+            while self.sendq[q]:
+                s = self.sendq[q][0]
+                if not gone[q] and now < s.deadline:
+                    break
+                self.sendq[q].popleft()
+                self._finish(s.future, self._why(q, gone[q], "send to"), None, -1)
+        everyone_gone = all(gone[q] for q in range(c.size) if q != c.rank)
+        for r in list(self.posted):
+            if now >= r.deadline or (gone[r.src] if r.src >= 0 else everyone_gone and c.size > 1):
+                self.posted.remove(r)
+                self._finish(r.future, self._why(r.src, now < r.deadline, "recv from"), None, -1)
+
+    cdef object _why(self, int q, bint gone, str what):
+        c = self.comm
+        if gone:
+            pid = c.pids[q] if q >= 0 else -1
+            return PeerFailureError(f"{what} rank {q}: the peer (pid {pid}) died or left the group", q, pid)
+        return CommTimeoutError(f"{what} rank {q}: no progress within {c.timeout} s")
+
+    cdef _fail_all(self, exc):
+        cdef _SendOp s
+        cdef _RecvOp r
+        for q in range(self.comm.size):
+            while self.sendq[q]:
+                s = self.sendq[q].popleft()
+                self._finish(s.future, exc, None, -1)
+        for r in self.posted:
+            self._finish(r.future, exc, None, -1)
+        self.posted.clear()
+        for inc in self.unexpected:
+            if (<_Incoming>inc).target is not None:
+                self._finish((<_Incoming>inc).target.future, exc, None, -1)
+
+    def fail_all(self, exc):
+        with self.lock:
+            self._fail_all(exc)
+
+    def close(self):
+        with self.lock:
+            self.closed = True
+            if self.pending:
+                self._fail_all(ShmcommError("the process group was destroyed"))
+            self.cond.notify_all()
+        if self.thread is not None and self.thread is not threading.current_thread():
+            capi.shm_futex_wake_all(&self.comm.cb(self.comm.rank).bell)
+            self.thread.join(timeout=5.0)

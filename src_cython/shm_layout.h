@@ -1,0 +1,62 @@
+/* Layout of a shmcomm group segment. shmcomm/segments.py reads the header fields it needs with the
+ * same offsets; bump SHM_VERSION on any change.
+ *
+ *   header page | control block per rank | ring per (src, dst) pair | two data slots per rank
+ */
+#ifndef SHMCOMM_LAYOUT_H
+#define SHMCOMM_LAYOUT_H
+
+#include <stdint.h>
+
+#define SHM_MAGIC 0x006D6D6F636D6873ull /* "shmcomm\0" */
+#define SHM_VERSION 1u
+#define SHM_HEADER_BYTES 4096
+#define SHM_CB_BYTES 512
+#define SHM_RING_CTRL_BYTES 256
+#define SHM_DESC_WORDS 8
+
+enum { SHM_RANK_ABSENT = 0, SHM_RANK_ATTACHED = 1, SHM_RANK_DEPARTED = 2 };
+
+typedef struct {
+    uint64_t magic;          /* 0: written last by the creator */
+    uint32_t version;        /* 8 */
+    uint32_t world_size;     /* 12 */
+    uint64_t layout_size;    /* 16 */
+    uint64_t slot_bytes;     /* 24 */
+    uint64_t ring_bytes;     /* 32 */
+    int32_t creator_pid;     /* 40 */
+    uint32_t attached;       /* 44: ranks attached so far (futex word) */
+    uint32_t attached_waiters; /* 48 */
+    uint32_t abort_flag;     /* 52: non-zero once any rank aborted the group */
+    uint64_t nonce;          /* 56 */
+    char job[128];           /* 64 */
+    char boot_id[64];        /* 192 */
+    char hostname[64];       /* 256 */
+} shm_header_t;
+
+/* One rank's control block: each group of fields on its own 128-byte line. */
+typedef struct {
+    uint32_t seq;            /* 0: collective step this rank has published (futex word) */
+    uint32_t seq_waiters;    /* 4 */
+    int32_t pid;             /* 8 */
+    uint32_t state;          /* 12: SHM_RANK_* */
+    char pad0[112];
+    uint64_t desc[2][SHM_DESC_WORDS]; /* 128: what collective this rank called, by step parity */
+    uint32_t bell;           /* 256: rung when a ring to or from this rank moves (futex word) */
+    uint32_t bell_waiters;   /* 260 */
+    char pad1[248];
+} shm_cb_t;
+
+/* Single-producer single-consumer byte ring for messages from one rank to another. */
+typedef struct {
+    uint64_t head;           /* 0: bytes written, by the sender */
+    char pad0[120];
+    uint64_t tail;           /* 128: bytes consumed, by the receiver */
+    char pad1[120];
+} shm_ring_t;
+
+_Static_assert(sizeof(shm_header_t) <= SHM_HEADER_BYTES, "header too large");
+_Static_assert(sizeof(shm_cb_t) == SHM_CB_BYTES, "control block size");
+_Static_assert(sizeof(shm_ring_t) == SHM_RING_CTRL_BYTES, "ring control size");
+
+#endif

@@ -1,0 +1,109 @@
+/* Memory ordering and waiting for shmcomm: every atomic and futex call of the runtime lives here.
+ *
+ * Flags are 32-bit words holding monotonically increasing sequence numbers; a waiter waits for
+ * `word >= target` in wrap-around arithmetic, never for equality (cyclic states deadlocked other
+ * systems when one rank lapped another). Waiting spins briefly (only when ranks fit the cores),
+ * then yields, then sleeps on a process-shared futex for one slice; the caller loops over slices
+ * and checks abort, peer liveness, its timeout and Python signals between them.
+ */
+#ifndef SHMCOMM_SYNC_H
+#define SHMCOMM_SYNC_H
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdint.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+static inline uint32_t shm_load_acquire(const uint32_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static inline uint64_t shm_load_acquire64(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static inline void shm_store_release64(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+static inline uint32_t shm_fetch_add(uint32_t *p, uint32_t v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+static inline void shm_store_seq_cst(uint32_t *p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_SEQ_CST); }
+static inline void shm_store_relaxed(uint32_t *p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
+static inline int shm_seq_geq(uint32_t a, uint32_t b) { return (int32_t)(a - b) >= 0; }
+
+static inline void shm_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield" ::: "memory");
+#endif
+}
+
+static inline uint64_t shm_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Shared (not FUTEX_PRIVATE) futex ops: the word lives in memory mapped by several processes. */
+static inline void shm_futex_wait(uint32_t *addr, uint32_t expected, uint64_t timeout_ns) {
+    struct timespec ts = {(time_t)(timeout_ns / 1000000000ull), (long)(timeout_ns % 1000000000ull)};
+    syscall(SYS_futex, addr, FUTEX_WAIT, expected, &ts, NULL, 0);
+}
+
+static inline void shm_futex_wake_all(uint32_t *addr) { syscall(SYS_futex, addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0); }
+
+/* Publish a new value and wake sleepers. The seq_cst store orders against the waiter's seq_cst
+ * increment of `waiters`, so a sleeper is either seen here or sees the new value itself. */
+static inline void shm_publish(uint32_t *word, uint32_t value, uint32_t *waiters) {
+    __atomic_store_n(word, value, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(waiters, __ATOMIC_SEQ_CST)) shm_futex_wake_all(word);
+}
+
+/* Add one to a doorbell word and wake its sleepers. */
+static inline void shm_ring_bell(uint32_t *bell, uint32_t *waiters) {
+    __atomic_fetch_add(bell, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(waiters, __ATOMIC_SEQ_CST)) shm_futex_wake_all(bell);
+}
+
+/* One wait slice: returns 1 once `*word >= target`, 0 when the slice ended first.
+ * spin_ns: busy-poll budget (0 when ranks outnumber cores); yields: sched_yield rounds;
+ * sleep_ns: futex sleep of the slice. */
+static inline int shm_wait_geq(uint32_t *word, uint32_t target, uint32_t *waiters,
+                               uint64_t spin_ns, int yields, uint64_t sleep_ns) {
+    if (shm_seq_geq(shm_load_acquire(word), target)) return 1;
+    if (spin_ns) {
+        uint64_t start = shm_now_ns();
+        do {
+            for (int i = 0; i < 64; i++) {
+                shm_cpu_relax();
+                if (shm_seq_geq(shm_load_acquire(word), target)) return 1;
+            }
+        } while (shm_now_ns() - start < spin_ns);
+    }
+    for (int i = 0; i < yields; i++) {
+        sched_yield();
+        if (shm_seq_geq(shm_load_acquire(word), target)) return 1;
+    }
+    if (sleep_ns) {
+        __atomic_fetch_add(waiters, 1, __ATOMIC_SEQ_CST);
+        uint32_t seen = __atomic_load_n(word, __ATOMIC_SEQ_CST);
+        if (!shm_seq_geq(seen, target)) shm_futex_wait(word, seen, sleep_ns);
+        __atomic_fetch_sub(waiters, 1, __ATOMIC_SEQ_CST);
+    }
+    return shm_seq_geq(shm_load_acquire(word), target);
+}
+
+/* Peer liveness: a pidfd becomes readable when its process exits (zombies included, and immune to
+ * pid reuse); without pidfds fall back to /proc/<pid>/stat. */
+static inline int shm_pidfd_open(int pid) {
+#ifdef SYS_pidfd_open
+    return (int)syscall(SYS_pidfd_open, pid, 0);
+#else
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
+static inline int shm_pidfd_exited(int pidfd) {
+    struct pollfd p = {pidfd, POLLIN, 0};
+    return poll(&p, 1, 0) > 0;
+}
+
+#endif
