@@ -12,7 +12,7 @@ extension = Extension(
     sources=["src_cython/_core.pyx"],
     include_dirs=["src_cython", numpy.get_include()],
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-    extra_compile_args=["-O0", "-g"] if debug else ["-O3", "-fno-strict-aliasing"],
+    extra_compile_args=["-O0", "-g"] if debug else ["-O3", "-fno-strict-aliasing", "-ffp-contract=off"],
     libraries=["rt"],
 )
 

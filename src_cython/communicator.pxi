@@ -94,6 +94,7 @@ cdef class Communicator:
     cdef object broken
     cdef str op_name
     cdef bint closed
+    cdef int heap_count
 
     def __cinit__(self):
         self.pidfds = NULL
@@ -766,6 +767,34 @@ cdef class Communicator:
         if self.size > 1:
             with nogil:
                 self._barrier()
+
+    # ---- shared arrays ------------------------------------------------------------------------
+    def alloc_shared(self, size_t nbytes_per_rank):
+        """Collectively map one new segment holding `nbytes_per_rank` bytes per rank (page aligned);
+        returns (Segment, stride). Rank 0 creates it, the others attach, rank 0 unlinks it."""
+        from shmcomm.segments import segment_name
+        cdef size_t stride = _align_up(max(nbytes_per_rank, 1), 4096)
+        cdef Segment seg = None
+        self._begin("empty")
+        self.heap_count += 1
+        name = segment_name(self.job, f"{self.part}.h{self.heap_count}")
+        if self.rank == 0:
+            seg = Segment.create(name, stride * self.size)
+        self._set_desc(K_ALLOC, 0, nbytes_per_rank, 0, 0)
+        try:
+            with nogil:
+                self._step()
+                self._check_desc()
+            if self.rank != 0:
+                seg = Segment.attach(name)
+                if seg is None or seg.size != stride * self.size:
+                    raise self._fail(ShmcommError(f"empty: cannot attach shared array segment {name}"))
+            with nogil:
+                self._step()
+        finally:
+            if seg is not None and self.rank == 0:
+                seg.unlink()
+        return seg, stride
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def abort(self):

@@ -1,0 +1,89 @@
+"""Run a function on N real processes that form a shmcomm group, and collect what each returns.
+
+Children are forked (fast, and the function need not be importable); each joins a group under a
+job name unique to the call, runs ``fn(rank, size, *args)``, and sends back its return value or
+its traceback text. A hang becomes a failure after ``timeout`` seconds, with every child killed.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import traceback
+import uuid
+
+import shmcomm as sc
+from shmcomm import segments
+
+_ctx = mp.get_context("fork")
+
+
+class RankFailed(AssertionError):
+    pass
+
+
+def _child(fn, rank, size, job, args, conn, init, env):
+    os.environ.update(env)
+    try:
+        if init:
+            sc.init_process_group(rank=rank, world_size=size, name=job, timeout=float(env.get("SHMCOMM_TIMEOUT", 30)))
+        result = ("ok", fn(rank, size, *args))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        result = ("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+    try:
+        conn.send(result)
+    except Exception as exc:  # noqa: BLE001 - an unpicklable result
+        conn.send(("error", f"result not picklable: {exc!r}"))
+    finally:
+        if init and sc.is_initialized():
+            sc.destroy_process_group()
+        conn.close()
+        os._exit(0)
+
+
+def run_ranks(fn, size: int, *args, timeout: float = 60.0, init: bool = True, env: dict | None = None,
+              job: str | None = None, expect_dead=()):
+    """Run ``fn(rank, size, *args)`` on ``size`` processes; return the list of results by rank.
+
+    Raises RankFailed naming every rank that raised or hung. Ranks in ``expect_dead`` may die
+    without reporting (their result is None). Asserts the job left nothing in /dev/shm.
+    """
+    job = job or f"test-{uuid.uuid4().hex[:12]}"
+    env = {k: str(v) for k, v in (env or {}).items()}
+    procs, conns = [], []
+    for rank in range(size):
+        parent, child = _ctx.Pipe(duplex=False)
+        p = _ctx.Process(target=_child, args=(fn, rank, size, job, args, child, init, env), daemon=True)
+        p.start()
+        child.close()
+        procs.append(p)
+        conns.append(parent)
+    results, failures = [None] * size, []
+    import time
+
+    deadline = time.monotonic() + timeout
+    for rank, (p, conn) in enumerate(zip(procs, conns)):
+        remaining = max(0.1, deadline - time.monotonic())
+        if conn.poll(remaining):
+            try:
+                status, value = conn.recv()
+            except EOFError:
+                status, value = "died", f"rank {rank} died (exit code {p.exitcode})"
+        else:
+            status, value = ("died", "died") if not p.is_alive() else ("hung", f"rank {rank} hung for {timeout} s")
+        if status == "ok":
+            results[rank] = value
+        elif rank not in expect_dead:
+            failures.append(f"--- rank {rank}: {value}")
+    for p in procs:
+        p.join(timeout=5)
+        if p.is_alive():
+            os.kill(p.pid, signal.SIGKILL)
+            p.join()
+    left = [s.name for s in segments.list_segments(job=job)]
+    segments.remove_job_segments(job)
+    if failures:
+        raise RankFailed("\n".join(failures))
+    assert not left, f"segments left in /dev/shm: {left}"
+    return results

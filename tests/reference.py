@@ -1,0 +1,108 @@
+"""Independent numpy references for the collectives' results and the inputs the tests feed them."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+try:
+    import ml_dtypes
+
+    BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - ml_dtypes is a test dependency
+    BFLOAT16 = None
+
+DTYPES = [np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64,
+          np.float16, np.float32, np.float64, np.longdouble, np.complex64, np.complex128, np.clongdouble]
+DTYPES = [np.dtype(d) for d in DTYPES] + ([BFLOAT16] if BFLOAT16 is not None else [])
+
+OPS = ["SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR"]
+
+
+def ops_for(dtype: np.dtype) -> list[str]:
+    """The reduce ops the spec allows for ``dtype``."""
+    if dtype.kind in "biu":
+        return ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
+    if dtype.kind == "c":
+        return ["SUM", "PRODUCT", "AVG"]
+    return ["SUM", "PRODUCT", "MIN", "MAX", "AVG"]
+
+
+def make_input(dtype: np.dtype, count: int, rank: int, salt: int = 0) -> np.ndarray:
+    """Deterministic input of rank ``rank``: every process can rebuild every rank's input."""
+    rng = np.random.default_rng([rank, count, salt])
+    if dtype.kind == "b":
+        return rng.integers(0, 2, count).astype(bool)
+    if dtype.kind == "i":
+        return rng.integers(-50, 50, count).astype(dtype)
+    if dtype.kind == "u":
+        return rng.integers(0, 100, count).astype(dtype)
+    if dtype.kind == "c":
+        return (rng.standard_normal(count) + 1j * rng.standard_normal(count)).astype(dtype)
+    return rng.standard_normal(count).astype(np.float32).astype(dtype)
+
+
+def _accumulate_type(dtype: np.dtype) -> np.dtype:
+    if dtype == np.float16 or dtype == BFLOAT16:
+        return np.dtype(np.float32)
+    return dtype
+
+
+def reduce_reference(inputs: list[np.ndarray], op: str) -> np.ndarray:
+    """Reduce in rank order, in the accumulate type, as the spec fixes it."""
+    dtype = inputs[0].dtype
+    acc_t = _accumulate_type(dtype)
+    if dtype.kind == "b":
+        fn = {"SUM": np.logical_or, "PRODUCT": np.logical_and, "MIN": np.logical_and,
+              "MAX": np.logical_or, "BAND": np.logical_and, "BOR": np.logical_or,
+              "BXOR": np.logical_xor}[op]
+    else:
+        fn = {"SUM": np.add, "PRODUCT": np.multiply, "MIN": np.minimum, "MAX": np.maximum,
+              "AVG": np.add, "BAND": np.bitwise_and, "BOR": np.bitwise_or, "BXOR": np.bitwise_xor}[op]
+    with np.errstate(over="ignore", invalid="ignore"):
+        acc = inputs[0].astype(acc_t)
+        for x in inputs[1:]:
+            x = x.astype(acc_t)
+            if dtype.kind == "c" and op == "PRODUCT":  # textbook formula, no fused multiply-add
+                re = acc.real * x.real - acc.imag * x.imag
+                im = acc.real * x.imag + acc.imag * x.real
+                acc = np.empty_like(acc)
+                acc.real, acc.imag = re, im
+            else:
+                acc = fn(acc, x).astype(acc_t)
+        if op == "AVG" and dtype.kind == "c":  # each component divided by n
+            n = acc.real.dtype.type(len(inputs))
+            re, im = acc.real / n, acc.imag / n
+            acc = np.empty_like(acc)
+            acc.real, acc.imag = re, im
+        elif op == "AVG":
+            acc = (acc / acc_t.type(len(inputs))).astype(acc_t)
+    return acc.astype(dtype)
+
+
+def bits(a: np.ndarray) -> bytes:
+    """The value bytes of an array, for bit-identical comparisons (x87 long double padding,
+    whose content is undefined, left out)."""
+    a = np.ascontiguousarray(a)
+    raw = a.view(np.uint8).reshape(a.size, a.dtype.itemsize)
+    if a.dtype in (np.dtype(np.longdouble), np.dtype(np.clongdouble)) and np.finfo(np.longdouble).nmant == 63:
+        half = a.dtype.itemsize // (2 if a.dtype.kind == "c" else 1)
+        keep = [i for i in range(a.dtype.itemsize) if i % half < 10]
+        raw = raw[:, keep]
+    return raw.tobytes()
+
+
+def assert_same_bits(got: np.ndarray, expected: np.ndarray, what: str) -> None:
+    assert got.dtype == expected.dtype and got.shape == expected.shape, (what, got.dtype, got.shape)
+    if bits(got) != bits(expected):
+        bad = np.flatnonzero(np.frombuffer(bits(got), np.uint8) != np.frombuffer(bits(expected), np.uint8))[:5]
+        raise AssertionError(f"{what}: differs from numpy at value bytes {bad.tolist()}: "
+                             f"got {got.ravel()[:6]}, expected {expected.ravel()[:6]}")
+
+
+def digest(arrays) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(bits(a))
+    return h.hexdigest()

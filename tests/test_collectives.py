@@ -1,0 +1,202 @@
+"""Every collective, dtype and reduce op against numpy references, at world sizes 1-4.
+
+Small segment settings in some runs force the pipelined paths (arrays larger than a slot).
+"""
+
+import numpy as np
+import pytest
+
+import shmcomm as sc
+from harness import run_ranks
+from reference import DTYPES, assert_same_bits, digest, make_input, ops_for, reduce_reference
+
+SIZES = [0, 1, 7, 1001]
+PIPELINED = {"SHMCOMM_SLOT_BYTES": 8192, "SHMCOMM_SMALL_BYTES": 512}
+
+
+def _reductions(rank, size, sizes):
+    """all_reduce, reduce, reduce_scatter(_into) for every dtype x op x size."""
+    results = []
+    for dtype in DTYPES:
+        for op in ops_for(dtype):
+            code = sc.ReduceOp[op]
+            for count in sizes:
+                what = f"{dtype.name} {op} count={count}"
+                inputs = [make_input(dtype, count, r) for r in range(size)]
+                expected = reduce_reference(inputs, op)
+                x = inputs[rank].copy()
+                sc.all_reduce(x, op=code)
+                assert_same_bits(x, expected, "all_reduce " + what)
+                results.append(x)
+
+                dst = count % size
+                y = inputs[rank].copy()
+                sc.reduce(y, dst=dst, op=code)
+                assert_same_bits(y, expected if rank == dst else inputs[rank], "reduce " + what)
+
+                whole = [make_input(dtype, count * size, r, salt=1) for r in range(size)]
+                full = reduce_reference(whole, op)
+                mine = slice(rank * count, (rank + 1) * count)
+                out = np.empty(count, dtype)
+                sc.reduce_scatter_into(out, whole[rank], op=code)
+                assert_same_bits(out, full[mine], "reduce_scatter_into " + what)
+                out2 = np.empty(count, dtype)
+                sc.reduce_scatter(out2, np.split(whole[rank], size), op=code)
+                assert_same_bits(out2, full[mine], "reduce_scatter " + what)
+                results.append(out)
+    return digest(results)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_reductions_match_numpy_and_are_bit_identical(world):
+    digests = run_ranks(_reductions, world, SIZES, timeout=220)
+    assert len(digests) == world
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("world", [2, 3])
+def test_reductions_pipelined_larger_than_segment(world):
+    sizes = [3000, 20011]  # several slots' worth for 4-byte and 8-byte types
+    run_ranks(_reductions, world, sizes, timeout=170, env=PIPELINED)
+
+
+def _movement(rank, size, sizes):
+    """broadcast, all_gather(_into), gather, scatter, all_to_all(_single) for every dtype x size."""
+    for dtype in DTYPES:
+        for count in sizes:
+            what = f"{dtype.name} count={count}"
+            inputs = [make_input(dtype, count, r) for r in range(size)]
+            root = (count + 1) % size
+            b = inputs[rank].copy()
+            sc.broadcast(b, src=root)
+            assert_same_bits(b, inputs[root], "broadcast " + what)
+
+            outs = [np.empty(count, dtype) for _ in range(size)]
+            sc.all_gather(outs, inputs[rank])
+            for q in range(size):
+                assert_same_bits(outs[q], inputs[q], f"all_gather from {q} " + what)
+            whole = np.empty(count * size, dtype)
+            sc.all_gather_into(whole, inputs[rank])
+            assert_same_bits(whole, np.concatenate(inputs), "all_gather_into " + what)
+
+            gl = [np.empty(count, dtype) for _ in range(size)] if rank == root else None
+            sc.gather(inputs[rank], gl, dst=root)
+            if rank == root:
+                for q in range(size):
+                    assert_same_bits(gl[q], inputs[q], f"gather from {q} " + what)
+
+            pieces = [make_input(dtype, count, root * 100 + q) for q in range(size)]
+            mine = np.empty(count, dtype)
+            sc.scatter(mine, pieces if rank == root else None, src=root)
+            assert_same_bits(mine, pieces[rank], "scatter " + what)
+
+            sends = [make_input(dtype, count, rank * 100 + q, salt=2) for q in range(size)]
+            recvs = [np.empty(count, dtype) for _ in range(size)]
+            sc.all_to_all(recvs, sends)
+            for q in range(size):
+                assert_same_bits(recvs[q], make_input(dtype, count, q * 100 + rank, salt=2),
+                                 f"all_to_all from {q} " + what)
+
+            # uneven splits: rank r sends (q + r + count) % 3 elements to rank q
+            def n_elems(src, dst):
+                return (dst + src + count) % 3
+            send_splits = [n_elems(rank, q) for q in range(size)]
+            recv_splits = [n_elems(q, rank) for q in range(size)]
+            inp = make_input(dtype, sum(send_splits), rank, salt=3)
+            out = np.empty(sum(recv_splits), dtype)
+            sc.all_to_all_single(out, inp, recv_splits, send_splits)
+            expected = []
+            for q in range(size):
+                theirs = make_input(dtype, sum(n_elems(q, d) for d in range(size)), q, salt=3)
+                start = sum(n_elems(q, d) for d in range(rank))
+                expected.append(theirs[start:start + n_elems(q, rank)])
+            assert_same_bits(out, np.concatenate(expected), "all_to_all_single " + what)
+    sc.barrier()
+    return True
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_data_movement_matches_numpy(world):
+    assert all(run_ranks(_movement, world, SIZES, timeout=170))
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("world", [2, 4])
+def test_data_movement_pipelined(world):
+    assert all(run_ranks(_movement, world, [5000], timeout=170, env=PIPELINED))
+
+
+def _inputs_of_every_kind(rank, size):
+    import array
+
+    torch = pytest.importorskip("torch")
+    expected = sum(range(size))
+    # torch tensors, reduced in place, including bfloat16 and float16
+    for dt in (torch.float32, torch.bfloat16, torch.float16, torch.int64):
+        t = torch.full((5,), rank, dtype=dt)
+        sc.all_reduce(t)
+        assert t.tolist() == [expected] * 5, (dt, t)
+    t = torch.full((3, 4), float(rank), requires_grad=True)
+    sc.all_reduce(t.data)
+    assert float(t.data[0, 0]) == expected
+    with pytest.raises(ValueError, match="contiguous"):
+        sc.all_reduce(torch.zeros(4, 4).t())
+    # buffer-protocol objects
+    a = array.array("d", [rank] * 3)
+    sc.all_reduce(a)
+    assert list(a) == [expected] * 3
+    ba = bytearray([rank + 1] * 4)
+    sc.all_reduce(ba, op=sc.ReduceOp.MAX)
+    assert list(ba) == [size] * 4
+    with pytest.raises(TypeError, match="buffer-protocol"):
+        sc.all_reduce([1, 2, 3])
+    with pytest.raises(ValueError, match="writable"):
+        sc.all_reduce(bytes(4))
+    # shared-memory arrays
+    x = sc.empty((2, 3), np.float64)
+    x[:] = rank
+    sc.all_reduce(x)
+    assert x.shape == (2, 3) and (x == expected).all()
+    z = sc.zeros(10, np.int32)
+    assert (z == 0).all()
+    big = sc.empty(100_000, np.float32)
+    big[:] = np.arange(100_000, dtype=np.float32) * (rank + 1)
+    sc.all_reduce(big)
+    assert np.array_equal(big, np.arange(100_000, dtype=np.float32) * sum(range(1, size + 1)))
+    # coalesced
+    arrays = [np.full(3, rank, np.float32), np.full(1000, rank, np.int16)]
+    sc.all_reduce_coalesced(arrays)
+    assert all((a == expected).all() for a in arrays)
+    return True
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [2, 3])
+def test_torch_buffers_and_shared_arrays(world):
+    pytest.importorskip("torch")
+    assert all(run_ranks(_inputs_of_every_kind, world))
+
+
+def _objects(rank, size):
+    objs = [{"a": 1}, "text", 3.5] if rank == 0 else [None, None, None]
+    sc.broadcast_object_list(objs, src=0)
+    assert objs == [{"a": 1}, "text", 3.5]
+    out = [None] * size
+    sc.all_gather_object(out, {"rank": rank, "pad": "x" * rank * 100})
+    assert [o["rank"] for o in out] == list(range(size))
+    gl = [None] * size if rank == size - 1 else None
+    sc.gather_object(("r", rank), gl, dst=size - 1)
+    if rank == size - 1:
+        assert gl == [("r", q) for q in range(size)]
+    got = [None]
+    sc.scatter_object_list(got, [list(range(q)) for q in range(size)] if rank == 0 else None, src=0)
+    assert got[0] == list(range(rank))
+    return True
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_object_collectives(world):
+    assert all(run_ranks(_objects, world))
