@@ -370,9 +370,16 @@ cdef class Communicator:
         for q in range(self.size):
             d = self.cb(q).desc[self.step & 1]
             kind = KIND_NAMES.get(d[0], f"kind {d[0]}")
-            dtype = DTYPE_NAMES[d[1]] if d[1] < len(DTYPE_NAMES) else "-"
-            lines.append(f"rank {q}: {kind}(dtype={dtype}, nbytes={d[2]}, root={<int64_t>d[3]}, "
-                         f"op={OP_NAMES[d[4]] if d[4] < len(OP_NAMES) else '-'})")
+            args = []
+            if d[0] not in (K_BARRIER, K_ALLOC):
+                args.append(f"dtype={DTYPE_NAMES[d[1]] if d[1] < len(DTYPE_NAMES) else d[1]}")
+            if d[0] != K_BARRIER:
+                args.append(f"nbytes={d[2]}")
+            if d[0] in (K_BROADCAST, K_REDUCE, K_GATHER, K_SCATTER):
+                args.append(f"root={d[3]}")
+            if d[0] in (K_ALL_REDUCE, K_REDUCE, K_REDUCE_SCATTER):
+                args.append(f"op={OP_NAMES[d[4]] if d[4] < len(OP_NAMES) else d[4]}")
+            lines.append(f"rank {q}: {kind}({', '.join(args)})")
         return "ranks called different collectives or arguments:\n  " + "\n  ".join(lines)
 
     cdef inline void _slice(self, size_t count, int q, int itemsize, size_t *lo, size_t *hi) noexcept nogil:

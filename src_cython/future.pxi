@@ -72,7 +72,8 @@ cdef double _fut_timeout_arg(object timeout) except? -2.0:
         raise TypeError(f"timeout must be a number of seconds or None, not "
                         f"{type(timeout).__name__}") from None
     if t != t or t < 0.0:
-        raise ValueError(f"timeout must be a non-negative number of seconds or None, got {timeout!r}")
+        raise ValueError(f"timeout must be a non-negative number of seconds or None, "
+                         f"got {timeout!r}")
     if t == float("inf"):
         return -1.0
     return t
@@ -134,12 +135,19 @@ cdef class Future:
 
     __class_getitem__ = classmethod(_fut_GenericAlias)
 
+    def __init__(self, *, devices=None):
+        # No __cinit__: the C-level constructors (then, _completed_future) skip argument parsing.
+        # ``devices`` exists for torch compatibility; shmcomm values live in host memory.
+        if devices:
+            raise ValueError(f"devices: shmcomm futures hold host (CPU) values only; devices must "
+                             f"be None or empty, got {devices!r}")
+
     def __dealloc__(self):
         if self._lock != NULL:
             _fut_lock_free(self._lock)
             self._lock = NULL
 
-    # ---- C-level fast paths for the rest of the compiled core ---------------------------------
+    # ---- C-level fast paths for the rest of the compiled core -----------------------------------
 
     cdef inline bint _is_done(self) noexcept:
         return self._state != _FUT_PENDING
@@ -309,7 +317,7 @@ cdef class Future:
                 return 0
             _fut_check_signals()
 
-    # ---- Python API ----------------------------------------------------------------------------
+    # ---- Python API -----------------------------------------------------------------------------
 
     def done(self):
         """Return ``True`` once the future holds a result or an exception.
@@ -479,7 +487,7 @@ cdef Future _failed_future(object exc):
     return fut
 
 
-# ---- asyncio bridge ------------------------------------------------------------------------------
+# ---- asyncio bridge -----------------------------------------------------------------------------
 
 def _fut_wake_waiter(waiter):
     if not waiter.done():
@@ -515,7 +523,7 @@ cdef object _fut_asyncio_waiter(Future fut):
     return bridge.waiter
 
 
-# ---- collect_all / wait_all ----------------------------------------------------------------------
+# ---- collect_all / wait_all ---------------------------------------------------------------------
 
 cdef Future _fut_gathered(list futures):
     """The collect_all result for done ``futures``: the list, or the first error in list order."""

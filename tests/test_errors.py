@@ -1,0 +1,202 @@
+"""Error paths: every one raises a clear error on every rank, none hangs, none leaks a segment."""
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import shmcomm as sc
+from harness import RankFailed, run_ranks
+
+
+def _mismatches(rank, size):
+    caught = []
+    calls = [
+        # (what rank 0 does, what the others do)
+        (lambda: sc.all_reduce(np.ones(4, np.float32)), lambda: sc.all_reduce(np.ones(5, np.float32))),
+        (lambda: sc.all_reduce(np.ones(4, np.float32)), lambda: sc.all_reduce(np.ones(4, np.float64))),
+        (lambda: sc.all_reduce(np.ones(4)), lambda: sc.all_reduce(np.ones(4), op=sc.ReduceOp.MAX)),
+        (lambda: sc.broadcast(np.ones(4), src=0), lambda: sc.broadcast(np.ones(4), src=1)),
+        (lambda: sc.barrier(), lambda: sc.all_reduce(np.ones(1))),
+        (lambda: sc.all_reduce(np.ones(100_000)), lambda: sc.all_reduce(np.ones(3))),  # pipelined vs one-shot
+    ]
+    for mine, theirs in calls:
+        with pytest.raises(sc.CollectiveMismatchError) as info:
+            (mine if rank == 0 else theirs)()
+        caught.append(str(info.value))
+    # the group is still usable and consistent afterwards
+    x = np.full(3, rank, np.int64)
+    sc.all_reduce(x)
+    assert (x == sum(range(size))).all()
+    return caught
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world", [2, 3])
+def test_mismatched_collectives_raise_on_every_rank(world):
+    messages = run_ranks(_mismatches, world)
+    assert "all_reduce(dtype=float32, nbytes=16" in messages[0][0]
+    assert "barrier" in messages[1][4] and "all_reduce" in messages[1][4]
+    assert all(isinstance(m, str) for ms in messages for m in ms)
+
+
+def _bad_arguments(rank, size):
+    with pytest.raises(ValueError, match="dst"):
+        sc.reduce(np.ones(3), dst=size)
+    with pytest.raises(ValueError, match="src"):
+        sc.broadcast(np.ones(3), src=-1)
+    with pytest.raises(TypeError, match="AVG"):
+        sc.all_reduce(np.ones(3, np.int32), op=sc.ReduceOp.AVG)
+    with pytest.raises(TypeError, match="BXOR"):
+        sc.all_reduce(np.ones(3, np.float32), op=sc.ReduceOp.BXOR)
+    with pytest.raises(TypeError, match="MIN"):
+        sc.all_reduce(np.ones(3, np.complex64), op=sc.ReduceOp.MIN)
+    with pytest.raises(ValueError, match="op"):
+        sc.all_reduce(np.ones(3), op="median")
+    with pytest.raises(ValueError, match="output_list"):
+        sc.all_gather([np.ones(3)] * (size + 1), np.ones(3))
+    with pytest.raises(ValueError, match="output"):
+        sc.all_gather_into(np.ones(size * 3 + 1), np.ones(3))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        sc.all_reduce(np.ones((4, 4))[:, 1])
+    with pytest.raises(TypeError, match="unsupported dtype"):
+        sc.all_reduce(np.array(["a", "b"]))
+    with pytest.raises(ValueError, match="input_split_sizes"):
+        sc.all_to_all_single(np.ones(4), np.ones(4), [2] * size, [1] * size)
+    with pytest.raises(TypeError, match="group"):
+        sc.all_reduce(np.ones(2), group="world")
+    with pytest.raises(ValueError, match="gather_list"):
+        sc.gather(np.ones(2), None, dst=rank)
+    # nobody was left waiting: a real collective still lines up
+    x = np.ones(2)
+    sc.all_reduce(x)
+    return float(x[0])
+
+
+@pytest.mark.timeout(60)
+def test_bad_arguments_raise_before_anyone_waits():
+    assert run_ranks(_bad_arguments, 2) == [2.0, 2.0]
+
+
+def _timeout(rank, size):
+    if rank == 1:
+        time.sleep(1.5)  # never joins the collective
+        return "slept"
+    t0 = time.monotonic()
+    with pytest.raises(sc.CommTimeoutError, match="timed out") as info:
+        sc.all_reduce(np.ones(4))
+    assert isinstance(info.value, TimeoutError)
+    elapsed = time.monotonic() - t0
+    with pytest.raises(sc.ShmcommError, match="unusable"):
+        sc.barrier()
+    return elapsed
+
+
+@pytest.mark.timeout(60)
+def test_timeout_raises_comm_timeout_error():
+    elapsed, _ = run_ranks(_timeout, 2, env={"SHMCOMM_TIMEOUT": 0.5})
+    assert 0.4 < elapsed < 3.0
+
+
+def _killed_mid_run(rank, size, victim):
+    x = np.ones(1 << 16)
+    for _ in range(20):
+        sc.all_reduce(x)
+    if rank == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(sc.PeerFailureError) as info:
+        for _ in range(1000):
+            sc.all_reduce(x)
+    assert info.value.rank == victim and info.value.pid > 0
+    assert f"rank {victim}" in str(info.value)
+    return time.monotonic() - t0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world,victim", [(2, 1), (3, 0), (4, 2)])
+def test_sigkilled_peer_raises_peer_failure_within_2s(world, victim):
+    times = run_ranks(_killed_mid_run, world, victim, expect_dead={victim})
+    assert all(t < 2.0 for r, t in enumerate(times) if r != victim), times
+
+
+def _peer_left(rank, size):
+    if rank == 1:
+        return "left"  # the harness destroys the group: this rank departs
+    time.sleep(0.3)
+    with pytest.raises(sc.PeerFailureError, match="rank 1"):
+        sc.barrier()
+    return "ok"
+
+
+@pytest.mark.timeout(60)
+def test_departed_peer_raises_instead_of_hanging():
+    assert run_ranks(_peer_left, 2) == ["ok", "left"]
+
+
+def _abort(rank, size):
+    if rank == 0:
+        work = sc.all_reduce(np.ones(4), async_op=True)  # rank 1 has not joined yet
+        time.sleep(0.2)
+        work.abort()
+        with pytest.raises(sc.AbortedError):
+            work.wait(timeout=5)
+    else:
+        time.sleep(1.0)
+    with pytest.raises(sc.AbortedError):
+        sc.barrier()  # rank 1 sees the abort; later ops on rank 0 do too
+    return "aborted"
+
+
+@pytest.mark.timeout(60)
+def test_abort_fails_pending_and_later_ops_on_every_rank():
+    assert run_ranks(_abort, 2) == ["aborted", "aborted"]
+
+
+@pytest.mark.timeout(60)
+def test_rendezvous_timeout_names_missing_ranks():
+    def lonely(rank, size):
+        with pytest.raises(sc.CommTimeoutError, match=r"rank\(s\) \[1\]"):
+            sc.init_process_group(rank=0, world_size=2, name=f"lonely-{os.getpid()}", timeout=0.5)
+        return True
+
+    assert run_ranks(lonely, 1, init=False) == [True]
+
+
+@pytest.mark.timeout(60)
+def test_job_name_in_use_and_world_size_mismatch():
+    def clash(rank, size):
+        if rank == 0:
+            sc.init_process_group(rank=0, world_size=1, name="clash-job-" + str(os.getppid()))
+            return "first"
+        time.sleep(0.5)
+        return "second"
+
+    assert run_ranks(clash, 2, init=False) == ["first", "second"]
+
+    def sizes(rank, size):
+        with pytest.raises(sc.ShmcommError, match="world_size"):
+            sc.init_process_group(rank=rank, world_size=2 + rank, name=f"sizes-{os.getppid()}", timeout=3)
+        return True
+
+    with pytest.raises(RankFailed):  # rank 0 waits for a rank 1 that refuses to join
+        run_ranks(sizes, 2, init=False, timeout=10)
+
+
+def test_environment_errors_name_the_variable(monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "SHMCOMM_JOB", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(ValueError, match="RANK"):
+        sc.init_process_group()
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ValueError, match="WORLD_SIZE"):
+        sc.init_process_group()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(ValueError, match="SHMCOMM_JOB"):
+        sc.init_process_group()
+    with pytest.raises(ValueError, match="not initialized"):
+        sc.all_reduce(np.ones(1))
+    with pytest.raises(ValueError, match="rank"):
+        sc.init_process_group(rank=3, world_size=2, name="x")
