@@ -1,0 +1,129 @@
+"""Async ops: Work handles, issue order, overlap with computation, futures from Work."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import shmcomm as sc
+from harness import run_ranks
+
+
+def _issue_order_and_results(rank, size):
+    arrays = [np.full(1000 + i, rank + i, np.float64) for i in range(20)]
+    works = [sc.all_reduce(a, async_op=True) for a in arrays]
+    # a synchronous op issued behind async ones waits its turn
+    b = np.full(3, float(rank))
+    sc.broadcast(b, src=size - 1)
+    assert (b == size - 1).all()
+    for i, w in enumerate(works):
+        assert w.wait() is True and w.is_completed() and w.is_success() and w.exception() is None
+        out, = w.result()
+        assert out is arrays[i]
+        assert (out == sum(r + i for r in range(size))).all()
+    # Work.get_future() is a shmcomm.Future usable with then/collect_all
+    works = [sc.all_reduce(np.full(4, 1.0), async_op=True) for _ in range(5)]
+    sums = sc.wait_all([w.get_future().then(lambda f: float(f.value()[0].sum())) for w in works])
+    assert sums == [4.0 * size] * 5
+    done = sc.collect_all([w.get_future() for w in works]).wait()
+    assert len(done) == 5
+    return True
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world", [2, 3])
+def test_async_ops_run_in_issue_order(world):
+    assert all(run_ranks(_issue_order_and_results, world))
+
+
+def _overlap(rank, size):
+    """The caller computes while a large all_reduce proceeds on the progress thread."""
+    x = np.ones(4 << 20, np.float32)  # 16 MiB
+    if rank == 1:
+        time.sleep(0.3)  # the peer is late: the op stays pending for a while
+    t0 = time.perf_counter()
+    work = sc.all_reduce(x, async_op=True)
+    returned_after = time.perf_counter() - t0
+    computed = 0
+    while not work.is_completed():
+        computed += int(np.sum(np.arange(1000)))  # the caller keeps working
+    work.wait()
+    assert (x == size).all()
+    return returned_after, computed
+
+
+@pytest.mark.timeout(60)
+def test_async_op_returns_at_once_and_overlaps():
+    (returned0, computed0), _ = run_ranks(_overlap, 2)
+    assert returned0 < 0.1 and computed0 > 0
+
+
+def _work_errors(rank, size):
+    x = np.ones(4)
+    if rank == 0:
+        w = sc.all_reduce(x, async_op=True)
+        with pytest.raises(sc.CommTimeoutError):
+            w.wait(timeout=0.2)  # peer late: the wait times out, the op is still pending
+        assert not w.is_completed()
+        w.wait(timeout=10)
+    else:
+        time.sleep(0.6)
+        sc.all_reduce(x)
+    bad = sc.all_reduce(np.ones(3 + rank), async_op=True)
+    with pytest.raises(sc.CollectiveMismatchError):
+        bad.wait()
+    assert isinstance(bad.exception(), sc.CollectiveMismatchError) and not bad.is_success()
+    return True
+
+
+@pytest.mark.timeout(60)
+def test_work_wait_timeout_and_error_reporting():
+    assert all(run_ranks(_work_errors, 2))
+
+
+def _threads(rank, size):
+    """Other Python threads keep running while a rank waits (the GIL is released)."""
+    ticks = []
+    stop = threading.Event()
+
+    def ticker():
+        while not stop.is_set():
+            ticks.append(1)
+            time.sleep(0.001)
+
+    t = threading.Thread(target=ticker)
+    t.start()
+    if rank == 1:
+        time.sleep(0.5)
+    sc.barrier()
+    stop.set()
+    t.join()
+    return len(ticks)
+
+
+@pytest.mark.timeout(60)
+def test_waits_release_the_gil():
+    ticks = run_ranks(_threads, 2)
+    assert ticks[0] > 50
+
+
+def _idle_cpu(rank, size):
+    import psutil
+
+    if rank == 1:
+        time.sleep(2.0)
+        sc.barrier()
+        return None
+    proc = psutil.Process()
+    before = proc.cpu_times()
+    sc.barrier()  # blocked ~2 s on the late peer
+    after = proc.cpu_times()
+    return (after.user + after.system) - (before.user + before.system)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world", [2, 4])
+def test_blocked_rank_sleeps_instead_of_spinning(world):
+    cpu = run_ranks(_idle_cpu, world)[0]
+    assert cpu < 0.5, f"a rank blocked 2 s used {cpu:.2f} s of CPU"

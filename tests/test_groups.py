@@ -1,0 +1,101 @@
+"""Process groups: environment init, sub-groups with group-local ranks, teardown, API hygiene."""
+
+import inspect
+import os
+
+import numpy as np
+import pytest
+
+import shmcomm as sc
+from harness import run_ranks
+
+
+def _subgroups(rank, size):
+    evens = sc.new_group(ranks=[0, 2])
+    odds = sc.new_group(ranks=[3, 1])  # sorted: rank 1 is group rank 0
+    everyone = sc.new_group()
+    assert (evens is None) == (rank % 2 == 1)
+    assert (odds is None) == (rank % 2 == 0)
+    mine = evens or odds
+    assert sc.get_world_size(mine) == 2 and sc.get_rank(mine) == rank // 2
+    x = np.array([rank], np.int64)
+    sc.all_reduce(x, group=mine)
+    assert x[0] == (2 if rank % 2 == 0 else 4)
+    b = np.array([rank], np.int64)
+    sc.broadcast(b, src=1, group=mine)  # src is a rank within the group
+    assert b[0] == (2 if rank % 2 == 0 else 3)
+    y = np.ones(1)
+    sc.all_reduce(y, group=everyone)
+    assert y[0] == size
+    sc.destroy_process_group(mine)
+    with pytest.raises(ValueError, match="destroyed"):
+        mine.barrier()
+    sc.barrier()  # the default group still works
+    return True
+
+
+@pytest.mark.timeout(60)
+def test_new_group_uses_group_local_ranks():
+    assert all(run_ranks(_subgroups, 4))
+
+
+def _from_environment(rank, size, job):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), SHMCOMM_JOB=job)
+    pg = sc.init_process_group()
+    assert sc.is_initialized() and pg.rank == rank and pg.size == size
+    with pytest.raises(ValueError, match="already"):
+        sc.init_process_group()
+    x = np.ones(3)
+    pg.all_reduce(x)  # methods without group=
+    sc.destroy_process_group()
+    assert not sc.is_initialized()
+    # torchrun's variables name the job when SHMCOMM_JOB is absent
+    del os.environ["SHMCOMM_JOB"]
+    os.environ.update(TORCHELASTIC_RUN_ID=job, MASTER_PORT="29500")
+    pg = sc.init_process_group()
+    pg.barrier()
+    return float(x[0])
+
+
+@pytest.mark.timeout(60)
+def test_init_from_environment_and_reinit():
+    job = f"envjob-{os.getpid()}"
+    assert run_ranks(_from_environment, 3, job, init=False) == [3.0] * 3
+
+
+def _world_of_one(rank, size):
+    x = np.arange(5.0)
+    sc.all_reduce(x, op=sc.ReduceOp.AVG)
+    outs = [np.empty(5)]
+    sc.all_gather(outs, x)
+    sc.barrier()
+    assert np.array_equal(outs[0], np.arange(5.0))
+    return True
+
+
+@pytest.mark.timeout(30)
+def test_world_size_one():
+    assert run_ranks(_world_of_one, 1) == [True]
+
+
+def _public_objects():
+    for name in sc.__all__:
+        obj = getattr(sc, name)
+        yield name, obj
+        if inspect.isclass(obj) and not issubclass(obj, BaseException):
+            for attr, member in vars(obj).items():
+                if not attr.startswith("_") and (callable(member) or isinstance(member, property)):
+                    yield f"{name}.{attr}", member
+
+
+def test_every_public_object_has_a_docstring_with_an_example():
+    missing = []
+    for name, obj in _public_objects():
+        doc = inspect.getdoc(obj) or ""
+        if isinstance(obj, property) or name in ("ReduceOp",) or "." in name and name.startswith("ReduceOp"):
+            ok = bool(doc)
+        else:
+            ok = bool(doc) and ("Example" in doc or ">>>" in doc or "``" in doc or "::" in doc)
+        if not ok:
+            missing.append(name)
+    assert not missing, f"public objects without a docstring and example: {missing}"

@@ -1,0 +1,129 @@
+"""Point-to-point: tags, any source, large messages through the ring, ordering, errors."""
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import shmcomm as sc
+from harness import run_ranks
+
+
+def _ping_pong(rank, size):
+    peer = 1 - rank
+    for n in [0, 1, 17, 100_000, 1_000_003]:  # up to ~8 MB: many trips through a 256 KiB ring
+        data = np.arange(n, dtype=np.float64) * (rank + 1)
+        if rank == 0:
+            sc.send(data, dst=peer, tag=n)
+            back = np.empty(n)
+            assert sc.recv(back, src=peer, tag=n) == peer
+            assert np.array_equal(back, np.arange(n, dtype=np.float64) * 2)
+        else:
+            got = np.empty(n)
+            assert sc.recv(got, src=peer, tag=n) == peer
+            assert np.array_equal(got, np.arange(n, dtype=np.float64))
+            sc.send(data, dst=peer, tag=n)
+    return True
+
+
+@pytest.mark.timeout(60)
+def test_send_recv_sizes_through_the_ring():
+    assert all(run_ranks(_ping_pong, 2))
+
+
+def _tags_and_any_source(rank, size):
+    if rank != 0:
+        # two messages with different tags; rank 0 receives them in the opposite order
+        sc.send(np.array([rank, 1]), dst=0, tag=1)
+        sc.send(np.array([rank, 2]), dst=0, tag=2)
+        return None
+    got = {}
+    for _ in range(size - 1):
+        buf = np.empty(2, np.int64)
+        src = sc.recv(buf, src=None, tag=2)
+        assert buf[0] == src and buf[1] == 2
+        got[src] = True
+    for src in range(1, size):
+        buf = np.empty(2, np.int64)
+        assert sc.recv(buf, src=src, tag=1) == src
+        assert list(buf) == [src, 1]
+    return sorted(got)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world", [2, 4])
+def test_tags_match_out_of_order_and_any_source(world):
+    assert run_ranks(_tags_and_any_source, world)[0] == list(range(1, world))
+
+
+def _nonblocking_exchange(rank, size):
+    """Every rank isends a large message to every other before receiving: no deadlock."""
+    n = 300_000  # larger than a ring
+    sends = [sc.isend(np.full(n, rank * 10 + q, np.int32), dst=q, tag=5) for q in range(size) if q != rank]
+    bufs = {q: np.empty(n, np.int32) for q in range(size) if q != rank}
+    recvs = [sc.irecv(bufs[q], src=q, tag=5) for q in bufs]
+    for w in sends + recvs:
+        w.wait(timeout=30)
+    for q, buf in bufs.items():
+        assert (buf == q * 10 + rank).all()
+    assert sorted(w.source_rank() for w in recvs) == sorted(bufs)
+    # messages with the same tag arrive in order
+    if rank == 0:
+        for i in range(50):
+            sc.send(np.array([i]), dst=1, tag=9)
+    elif rank == 1:
+        for i in range(50):
+            b = np.empty(1, np.int64)
+            sc.recv(b, src=0, tag=9)
+            assert b[0] == i
+    # a rank may send to itself
+    w = sc.isend(np.array([42.0]), dst=rank, tag=3)
+    b = np.empty(1)
+    assert sc.recv(b, src=rank, tag=3) == rank and b[0] == 42.0
+    w.wait()
+    return True
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world", [2, 3])
+def test_nonblocking_exchange_and_ordering(world):
+    assert all(run_ranks(_nonblocking_exchange, world))
+
+
+def _p2p_errors(rank, size):
+    if rank == 0:
+        with pytest.raises(ValueError, match="dst"):
+            sc.send(np.ones(2), dst=5)
+        with pytest.raises(TypeError, match="tag"):
+            sc.send(np.ones(2), dst=1, tag="x")
+        sc.send(np.ones(8), dst=1, tag=1)
+        return True
+    with pytest.raises(sc.CollectiveMismatchError, match="64 bytes"):
+        sc.recv(np.ones(4), src=0, tag=1)  # too small for the 8 float64 sent
+    with pytest.raises(sc.PeerFailureError):  # rank 0 left: nothing more will come
+        sc.recv(np.ones(2), src=0, tag=2)
+    return True
+
+
+@pytest.mark.timeout(60)
+def test_p2p_size_mismatch_and_departed_sender():
+    assert all(run_ranks(_p2p_errors, 2))
+
+
+def _recv_from_killed(rank, size):
+    if rank == 0:
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(sc.PeerFailureError) as info:
+        sc.recv(np.ones(2), src=0)
+    assert info.value.rank == 0
+    return time.monotonic() - t0
+
+
+@pytest.mark.timeout(60)
+def test_recv_from_killed_peer_fails_fast():
+    elapsed = run_ranks(_recv_from_killed, 2, expect_dead={0})[1]
+    assert elapsed < 2.0
