@@ -8,6 +8,7 @@ imported directly except through it.
 import os
 import socket
 import time
+import weakref
 
 import numpy as np
 

@@ -95,6 +95,8 @@ cdef class Communicator:
     cdef str op_name
     cdef bint closed
     cdef int heap_count
+    cdef list heaps            # (weakref to Segment, heap id, stride) of sc.empty segments
+    cdef size_t heap_stride_now
 
     def __cinit__(self):
         self.pidfds = NULL
@@ -114,6 +116,7 @@ cdef class Communicator:
         self.rank, self.size, self.job, self.part = rank, size, job, part
         self.timeout = timeout
         self.broken = None
+        self.heaps = []
         self.op_name = "init"
         self.small_bytes = _env_bytes("SHMCOMM_SMALL_BYTES", 16384, 0)
         usable = len(os.sched_getaffinity(0))
@@ -390,13 +393,15 @@ cdef class Communicator:
         hi[0] = min(lo[0] + per, count)
 
     # ---- algorithms on raw pointers (no GIL) --------------------------------------------------
-    cdef int _reduce(self, char *ptr, size_t count, int itemsize, int dtype, int op, int root) except -1 nogil:
-        """all_reduce when root < 0, else reduce to root. Small: one shot; large: pipelined
-        reduce-scatter then all-gather (or gather to root) through the slots."""
+    cdef int _reduce(self, char *ptr, size_t count, int itemsize, int dtype, int op, int root,
+                     uint64_t heap, uint64_t heap_off) except -1 nogil:
+        """all_reduce when root < 0, else reduce to root. Small: one shot through the slots. Large:
+        a descriptor-only first step, then zero copy when every rank passed an array at the same
+        place of one shared heap (sc.empty), else pipelined reduce-scatter + all-gather."""
         cdef int n = self.size, q, i
         cdef uint32_t s
         cdef size_t nbytes = count * itemsize, chunk, c, off = 0, lo, hi
-        cdef bint first = True, wants = root < 0 or root == self.rank
+        cdef bint wants = root < 0 or root == self.rank
         self._set_desc(K_ALL_REDUCE if root < 0 else K_REDUCE, dtype, nbytes, <uint64_t>root, op)
         if nbytes <= self.small_bytes or nbytes <= <size_t>(64 * n):
             s = self.next_step()
@@ -408,15 +413,17 @@ cdef class Communicator:
                     self.srcs[q] = self.slot(q, s)
                 shm_reduce(ptr, self.srcs, n, count, dtype, op)
             return 0
+        self._set_heap_desc(heap, heap_off)
+        self._step()
+        self._check_desc()
+        if heap and self._all_same_heap():
+            return self._reduce_zero_copy(ptr, count, itemsize, dtype, op, root, heap_off)
         chunk = self.slot_bytes // itemsize
-        while first or off < count:
+        while off < count:
             c = min(chunk, count - off)
             s = self.next_step()
             memcpy(self.slot(self.rank, s), ptr + off * itemsize, c * itemsize)
             self._step()
-            if first:
-                self._check_desc()
-                first = False
             self._slice(c, self.rank, itemsize, &lo, &hi)
             for q in range(n):
                 self.srcs[q] = self.slot(q, s) + lo * itemsize
@@ -429,6 +436,43 @@ cdef class Communicator:
                     memcpy(ptr + (off + lo) * itemsize, self.slot(q, s + 1) + lo * itemsize,
                            (hi - lo) * itemsize)
             off += c
+        return 0
+
+    cdef void _set_heap_desc(self, uint64_t heap, uint64_t heap_off) noexcept nogil:
+        cdef uint64_t *d = self.cb(self.rank).desc[(self.step + 1) & 1]
+        d[5] = heap; d[6] = heap_off
+
+    cdef bint _all_same_heap(self) noexcept nogil:
+        cdef uint64_t *mine = self.cb(self.rank).desc[self.step & 1]
+        cdef uint64_t *theirs
+        for q in range(self.size):
+            theirs = self.cb(q).desc[self.step & 1]
+            if theirs[5] != mine[5] or theirs[6] != mine[6]:
+                return False
+        return True
+
+    cdef int _reduce_zero_copy(self, char *ptr, size_t count, int itemsize, int dtype, int op,
+                               int root, uint64_t heap_off) except -1 nogil:
+        """Every rank's array is visible here: rank r reduces slice r straight from all of them and
+        writes the result into every array that wants it (one read and one write per byte)."""
+        cdef int n = self.size, q, i
+        cdef size_t lo, hi, block = (256 << 10) // itemsize, b, m
+        cdef char *first = ptr - self.rank * self.heap_stride_now  # rank 0's array
+        self._slice(count, self.rank, itemsize, &lo, &hi)
+        b = lo
+        while b < hi:
+            m = min(block, hi - b)
+            for q in range(n):
+                self.srcs[q] = first + q * self.heap_stride_now + b * itemsize
+            if root < 0:
+                shm_reduce(ptr + b * itemsize, self.srcs, n, m, dtype, op)
+                for i in range(1, n):
+                    q = (self.rank + i) % n
+                    memcpy(first + q * self.heap_stride_now + b * itemsize, ptr + b * itemsize, m * itemsize)
+            else:
+                shm_reduce(first + root * self.heap_stride_now + b * itemsize, self.srcs, n, m, dtype, op)
+            b += m
+        self._step()  # every slice written before anyone returns
         return 0
 
     cdef int _broadcast(self, char *ptr, size_t nbytes, int dtype, int root) except -1 nogil:
@@ -600,22 +644,26 @@ cdef class Communicator:
 
     def all_reduce(self, array, int op=SHM_SUM):
         cdef buf_t b
+        cdef uint64_t heap, heap_off
         owner = as_buf(array, &b, True, "array")
         self._check_op(b.dtype, op)
+        heap = self._find_heap(b.ptr, b.nbytes, &heap_off)
         self._begin("all_reduce")
         if self.size > 1:
             with nogil:
-                self._reduce(b.ptr, b.count, b.itemsize, b.dtype, op, -1)
+                self._reduce(b.ptr, b.count, b.itemsize, b.dtype, op, -1, heap, heap_off)
 
     def reduce(self, array, int dst, int op=SHM_SUM):
         cdef buf_t b
+        cdef uint64_t heap, heap_off
         owner = as_buf(array, &b, True, "array")
         self._check_op(b.dtype, op)
         self._check_root(dst, "dst")
+        heap = self._find_heap(b.ptr, b.nbytes, &heap_off)
         self._begin("reduce")
         if self.size > 1:
             with nogil:
-                self._reduce(b.ptr, b.count, b.itemsize, b.dtype, op, dst)
+                self._reduce(b.ptr, b.count, b.itemsize, b.dtype, op, dst, heap, heap_off)
 
     def broadcast(self, array, int src):
         cdef buf_t b
@@ -801,7 +849,25 @@ cdef class Communicator:
         finally:
             if seg is not None and self.rank == 0:
                 seg.unlink()
+        self.heaps = [h for h in self.heaps if h[0]() is not None]
+        self.heaps.append((weakref.ref(seg), self.heap_count, stride))
         return seg, stride
+
+    cdef uint64_t _find_heap(self, char *ptr, size_t nbytes, uint64_t *off):
+        """Heap id (0: none) of the sc.empty region of this rank holding [ptr, ptr+nbytes)."""
+        cdef Segment seg
+        cdef char *lo
+        for ref, heap_id, stride in self.heaps:
+            seg = ref()
+            if seg is None:
+                continue
+            lo = seg.base + self.rank * <size_t>stride
+            if lo <= ptr and ptr + nbytes <= lo + <size_t>stride:
+                off[0] = ptr - lo
+                self.heap_stride_now = stride
+                return heap_id
+        off[0] = 0
+        return 0
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def abort(self):

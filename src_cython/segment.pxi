@@ -23,6 +23,7 @@ cdef class Segment:
     cdef readonly str name
     cdef bint unlinked
     cdef int owner_pid
+    cdef object __weakref__
 
     def __cinit__(self):
         self.base = NULL

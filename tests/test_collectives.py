@@ -200,3 +200,39 @@ def _objects(rank, size):
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_object_collectives(world):
     assert all(run_ranks(_objects, world))
+
+
+def _zero_copy(rank, size):
+    """Arrays from sc.empty take the zero-copy path; mixed with private arrays they still work."""
+    for dtype in (np.float32, np.float16, np.int64):
+        for count in (5000, 300_001):
+            inputs = [make_input(np.dtype(dtype), count, r) for r in range(size)]
+            for op in ("SUM", "MAX"):
+                expected = reduce_reference(inputs, op)
+                x = sc.empty(count, dtype)
+                x[:] = inputs[rank]
+                sc.all_reduce(x, op=sc.ReduceOp[op])
+                assert_same_bits(x, expected, f"zero-copy all_reduce {dtype} {op} {count}")
+                y = sc.empty(count, dtype)
+                y[:] = inputs[rank]
+                sc.reduce(y, dst=1, op=sc.ReduceOp[op])
+                assert_same_bits(y, expected if rank == 1 else inputs[rank], f"zero-copy reduce {dtype}")
+            # rank 0 passes a private array, the others shared ones: falls back to copying
+            shared = sc.empty(count, dtype)
+            z = inputs[rank].copy() if rank == 0 else shared
+            z[:] = inputs[rank]
+            sc.all_reduce(z)
+            assert_same_bits(z, reduce_reference(inputs, "SUM"), "mixed zero-copy")
+            # a view at another offset of the shared array on one rank only
+            w = sc.empty(count + 1, dtype)
+            v = w[1:] if rank == 0 else w[:-1]
+            v[:] = inputs[rank]
+            sc.all_reduce(v)
+            assert_same_bits(v, reduce_reference(inputs, "SUM"), "offset zero-copy")
+    return True
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [2, 3])
+def test_zero_copy_shared_arrays(world):
+    assert all(run_ranks(_zero_copy, world))
