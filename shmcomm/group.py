@@ -76,6 +76,8 @@ class ProcessGroup:
         if not async_op and ops.idle():
             ops.run_inline(fn, args)
             return None
+        if async_op and getattr(fn, "__self__", None) is self._comm:
+            fn(*args, run=False)  # bad arguments raise here, not later from wait()
         work = ops.submit(Work(fn, args, outputs, self.abort))
         if async_op:
             return work

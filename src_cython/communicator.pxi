@@ -642,33 +642,39 @@ cdef class Communicator:
             raise TypeError(f"op {OP_NAMES[op]} is not supported for dtype {DTYPE_NAMES[dtype]}")
         return 0
 
-    def all_reduce(self, array, int op=SHM_SUM):
+    def all_reduce(self, array, int op=SHM_SUM, bint run=True):
         cdef buf_t b
         cdef uint64_t heap, heap_off
         owner = as_buf(array, &b, True, "array")
         self._check_op(b.dtype, op)
         heap = self._find_heap(b.ptr, b.nbytes, &heap_off)
+        if not run:  # validation only: async ops check arguments at the call
+            return
         self._begin("all_reduce")
         if self.size > 1:
             with nogil:
                 self._reduce(b.ptr, b.count, b.itemsize, b.dtype, op, -1, heap, heap_off)
 
-    def reduce(self, array, int dst, int op=SHM_SUM):
+    def reduce(self, array, int dst, int op=SHM_SUM, bint run=True):
         cdef buf_t b
         cdef uint64_t heap, heap_off
         owner = as_buf(array, &b, True, "array")
         self._check_op(b.dtype, op)
         self._check_root(dst, "dst")
         heap = self._find_heap(b.ptr, b.nbytes, &heap_off)
+        if not run:  # validation only: async ops check arguments at the call
+            return
         self._begin("reduce")
         if self.size > 1:
             with nogil:
                 self._reduce(b.ptr, b.count, b.itemsize, b.dtype, op, dst, heap, heap_off)
 
-    def broadcast(self, array, int src):
+    def broadcast(self, array, int src, bint run=True):
         cdef buf_t b
         self._check_root(src, "src")
         owner = as_buf(array, &b, src != self.rank, "array")
+        if not run:  # validation only: async ops check arguments at the call
+            return
         self._begin("broadcast")
         if self.size > 1:
             with nogil:
@@ -700,24 +706,28 @@ cdef class Communicator:
         for q in range(self.size):
             self.ptrs[offset + q] = whole.ptr + q * piece.nbytes
 
-    def all_gather(self, list output_list, array):
+    def all_gather(self, list output_list, array, bint run=True):
         cdef buf_t b
         owner = as_buf(array, &b, False, "array")
         owners = self._fill_ptrs(output_list, &b, "output_list", True, 0)
+        if not run:  # validation only: async ops check arguments at the call
+            return
         self._begin("all_gather")
         with nogil:
             self._gather(self.ptrs, b.ptr, b.nbytes, b.dtype, -1)
 
-    def all_gather_into(self, output, array):
+    def all_gather_into(self, output, array, bint run=True):
         cdef buf_t b, o
         owner = as_buf(array, &b, False, "array")
         out_owner = as_buf(output, &o, True, "output")
         self._split_into(output, &o, &b, "output", 0)
+        if not run:  # validation only: async ops check arguments at the call
+            return
         self._begin("all_gather_into")
         with nogil:
             self._gather(self.ptrs, b.ptr, b.nbytes, b.dtype, -1)
 
-    def gather(self, array, gather_list, int dst):
+    def gather(self, array, gather_list, int dst, bint run=True):
         cdef buf_t b
         self._check_root(dst, "dst")
         owner = as_buf(array, &b, False, "array")
@@ -728,11 +738,13 @@ cdef class Communicator:
             owners = self._fill_ptrs(list(gather_list), &b, "gather_list", True, 0)
         elif gather_list is not None:
             raise ValueError("gather_list must be None on ranks other than dst")
+        if not run:  # validation only: async ops check arguments at the call
+            return
         self._begin("gather")
         with nogil:
             self._gather(self.ptrs, b.ptr, b.nbytes, b.dtype, dst)
 
-    def scatter(self, array, scatter_list, int src):
+    def scatter(self, array, scatter_list, int src, bint run=True):
         cdef buf_t b
         self._check_root(src, "src")
         owner = as_buf(array, &b, True, "array")
@@ -743,30 +755,36 @@ cdef class Communicator:
             owners = self._fill_ptrs(list(scatter_list), &b, "scatter_list", False, 0)
         elif scatter_list is not None:
             raise ValueError("scatter_list must be None on ranks other than src")
+        if not run:  # validation only: async ops check arguments at the call
+            return
         self._begin("scatter")
         with nogil:
             self._scatter(b.ptr, self.ptrs, b.nbytes, b.dtype, src)
 
-    def reduce_scatter(self, output, list input_list, int op=SHM_SUM):
+    def reduce_scatter(self, output, list input_list, int op=SHM_SUM, bint run=True):
         cdef buf_t o
         out_owner = as_buf(output, &o, True, "output")
         self._check_op(o.dtype, op)
         owners = self._fill_ptrs(input_list, &o, "input_list", False, 0)
+        if not run:  # validation only: async ops check arguments at the call
+            return
         self._begin("reduce_scatter")
         with nogil:
             self._reduce_scatter(o.ptr, self.ptrs, o.count, o.itemsize, o.dtype, op)
 
-    def reduce_scatter_into(self, output, input, int op=SHM_SUM):
+    def reduce_scatter_into(self, output, input, int op=SHM_SUM, bint run=True):
         cdef buf_t o, i
         out_owner = as_buf(output, &o, True, "output")
         in_owner = as_buf(input, &i, False, "input")
         self._check_op(o.dtype, op)
         self._split_into(input, &i, &o, "input", 0)
+        if not run:  # validation only: async ops check arguments at the call
+            return
         self._begin("reduce_scatter_into")
         with nogil:
             self._reduce_scatter(o.ptr, self.ptrs, o.count, o.itemsize, o.dtype, op)
 
-    def all_to_all(self, list output_list, list input_list):
+    def all_to_all(self, list output_list, list input_list, bint run=True):
         cdef buf_t first
         cdef int q
         if len(input_list) != self.size:
@@ -777,6 +795,8 @@ cdef class Communicator:
         for q in range(self.size):
             self.sizes[q] = first.nbytes
             self.sizes[self.size + q] = first.nbytes
+        if not run:  # validation only: async ops check arguments at the call
+            return
         self._begin("all_to_all")
         with nogil:
             self._all_to_all(self.ptrs, self.ptrs + self.size, self.sizes, self.sizes + self.size,
@@ -803,7 +823,7 @@ cdef class Communicator:
             off += <size_t>splits[q]
         return 0
 
-    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None):
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, bint run=True):
         cdef buf_t o, i
         cdef int n = self.size
         out_owner = as_buf(output, &o, True, "output")
@@ -813,11 +833,15 @@ cdef class Communicator:
                              f"{DTYPE_NAMES[i.dtype]}")
         self._set_splits(output_split_sizes, &o, "output_split_sizes", 0, n)
         self._set_splits(input_split_sizes, &i, "input_split_sizes", n, 0)
+        if not run:  # validation only: async ops check arguments at the call
+            return
         self._begin("all_to_all_single")
         with nogil:
             self._all_to_all(self.ptrs, self.ptrs + n, self.sizes, self.sizes + n, o.dtype, False)
 
-    def barrier(self):
+    def barrier(self, bint run=True):
+        if not run:  # validation only: async ops check arguments at the call
+            return
         self._begin("barrier")
         if self.size > 1:
             with nogil:

@@ -200,3 +200,37 @@ def test_environment_errors_name_the_variable(monkeypatch):
         sc.all_reduce(np.ones(1))
     with pytest.raises(ValueError, match="rank"):
         sc.init_process_group(rank=3, world_size=2, name="x")
+
+
+def _async_bad_arguments(rank, size):
+    with pytest.raises(ValueError, match="dst"):
+        sc.reduce(np.ones(3), dst=size, async_op=True)
+    with pytest.raises(TypeError, match="AVG"):
+        sc.all_reduce(np.ones(3, np.int8), op=sc.ReduceOp.AVG, async_op=True)
+    x = np.ones(2)
+    sc.all_reduce(x, async_op=True).wait()
+    return float(x[0])
+
+
+@pytest.mark.timeout(60)
+def test_async_bad_arguments_raise_at_the_call():
+    assert run_ranks(_async_bad_arguments, 2) == [2.0, 2.0]
+
+
+def _interrupted(rank, size):
+    if rank == 1:
+        time.sleep(3.0)
+        return "late"
+    import threading
+
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        sc.barrier()  # blocked on rank 1: Ctrl-C still gets through
+    return time.monotonic() - t0
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_interrupts_a_blocked_wait():
+    elapsed, _ = run_ranks(_interrupted, 2)
+    assert elapsed < 1.5
