@@ -1,0 +1,306 @@
+"""``shmcomm``: maintenance commands for the shared memory shmcomm uses.
+
+::
+
+    shmcomm info            # version, build, SIMD, cores, limits, /dev/shm space
+    shmcomm ls              # this user's segments: job, size, owner pids, alive or stale
+    shmcomm clean           # remove stale segments (those no live process owns or maps)
+    shmcomm clean --dry-run # only say what would be removed
+
+Segments normally disappear as soon as every rank has attached, so ``ls`` usually prints
+``no segments``; a segment outlives its job only when a rank crashed during start-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import resource
+import sys
+import time
+
+from shmcomm import segments
+
+__all__ = ["main", "segment_state", "segment_users", "info_lines"]
+
+STARTUP_GRACE_S = 60.0  # a segment without header or pids is only stale once older than this
+_SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_bf16",
+               "avx512_fp16", "asimd", "asimdhp", "sve", "sve2", "bf16")
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"  # unreachable; keeps type checkers content
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("shmcomm")
+    except Exception:  # a checkout that is not installed
+        import shmcomm
+        return getattr(shmcomm, "__version__", "unknown")
+
+
+# -- segment liveness ------------------------------------------------------------------------
+
+def segment_users() -> dict[str, set[int]]:
+    """Which processes map or hold open each shmcomm file of ``/dev/shm``: name -> pids.
+
+    This sees users whatever the segment header says (a newer layout, a header not yet
+    written), so ``clean`` never removes a segment some process is using. Processes whose
+    ``/proc`` entries this user may not read are skipped. Example::
+
+        segment_users().get("shmcomm.1000.job-42.g0", set())
+    """
+    marker = f"{segments.SHM_DIR}/{segments.PREFIX}."
+    users: dict[str, set[int]] = {}
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return users
+    for pid in pids:
+        names = set()
+        try:
+            with open(f"/proc/{pid}/maps", "r", errors="replace") as f:
+                for line in f:
+                    i = line.find(marker)
+                    if i >= 0:
+                        names.add(line[i:].split()[0])
+        except OSError:
+            pass
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if target.startswith(marker):
+                    names.add(target.split()[0])  # drops a " (deleted)" suffix
+        except OSError:
+            pass
+        for path in names:
+            users.setdefault(os.path.basename(path), set()).add(pid)
+    return users
+
+
+def segment_state(seg: segments.SegmentInfo, users: dict[str, set[int]] | None = None,
+                  now: float | None = None) -> str:
+    """``"alive"``, ``"starting"`` or ``"stale"``: only a stale segment may be removed.
+
+    Alive: an owner pid from the header still runs, or a process maps or opens the file.
+    Starting: no header or no owner pid yet, and younger than ``STARTUP_GRACE_S`` (its creator
+    may be between creating the file and writing the header). Stale: everything else. Example::
+
+        [s.name for s in segments.list_segments() if segment_state(s) == "stale"]
+    """
+    users = segment_users() if users is None else users
+    if users.get(seg.name):
+        return "alive"
+    if seg.valid and any(pid > 0 for pid in seg.pids):
+        return "stale" if seg.stale else "alive"
+    try:
+        age = (time.time() if now is None else now) - os.stat(seg.path).st_mtime
+    except OSError:
+        return "stale"  # already gone
+    return "starting" if age < STARTUP_GRACE_S else "stale"
+
+
+# -- info ------------------------------------------------------------------------------------
+
+def _cpu_features() -> list[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    have = set(value.split())
+                    found = [flag for flag in _SIMD_FLAGS if flag in have]
+                    # aarch64 calls NEON "asimd"; say NEON, which is what people look for.
+                    return ["neon" if flag == "asimd" else flag for flag in found]
+    except OSError:
+        pass
+    return []
+
+
+def _compiler_of(path: str) -> str | None:
+    # Compilers record themselves in the ELF .comment section; finding the string is enough.
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    m = re.search(rb"(GCC: \([^\0\n]*\) [^\0\n]*|[A-Za-z ]*clang version [^\0\n]*)", data)
+    return m.group(1).decode(errors="replace").strip() if m else None
+
+
+def _build_lines() -> list[tuple[str, str]]:
+    try:
+        from shmcomm import _core  # imported lazily: only `info` needs it
+    except Exception as e:  # a broken build is exactly what `info` should report
+        return [("core", f"not importable ({type(e).__name__}: {e})")]
+    lines = [("core", getattr(_core, "__file__", "?"))]
+    build = getattr(_core, "build_info", None) or getattr(_core, "BUILD_INFO", None)
+    if callable(build):
+        try:
+            build = build()
+        except Exception:
+            build = None
+    if isinstance(build, dict):
+        lines += [(f"build {k}", str(v)) for k, v in build.items()]
+    elif build:
+        lines.append(("build", str(build)))
+    cython = next((getattr(_core, a) for a in ("CYTHON_VERSION", "__cython_version__")
+                   if hasattr(_core, a)), None)
+    if cython is None:
+        try:
+            from importlib.metadata import version
+            cython = f"{version('cython')} (installed; build-time version not recorded)"
+        except Exception:
+            cython = "unknown"
+    lines.append(("cython", str(cython)))
+    compiler = next((getattr(_core, a) for a in ("COMPILER", "__compiler__") if hasattr(_core, a)),
+                    None) or (_compiler_of(_core.__file__) if getattr(_core, "__file__", None) else None)
+    lines.append(("compiler", compiler or "unknown"))
+    return lines
+
+
+def _limit(which: int, size: bool = False) -> str:
+    def fmt(v: int) -> str:
+        if v == resource.RLIM_INFINITY:
+            return "unlimited"
+        return _human(v) if size else str(v)
+    soft, hard = resource.getrlimit(which)
+    return f"{fmt(soft)} (hard {fmt(hard)})"
+
+
+def info_lines() -> list[tuple[str, str]]:
+    """The ``shmcomm info`` report as (key, value) pairs.
+
+    Example::
+
+        dict(info_lines())["version"]  # '0.1.0'
+    """
+    lines = [("version", _version()),
+             ("python", f"{platform.python_version()} ({sys.executable})"),
+             ("platform", f"{platform.system()} {platform.release()} {platform.machine()}")]
+    lines += _build_lines()
+    lines.append(("simd", " ".join(_cpu_features()) or "none detected"))
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = os.cpu_count() or 1
+    lines.append(("cores", f"{usable} usable of {os.cpu_count()}"))
+    lines.append(("open files", _limit(resource.RLIMIT_NOFILE)))
+    lines.append(("locked memory", _limit(resource.RLIMIT_MEMLOCK, size=True)))
+    lines.append(("processes", _limit(resource.RLIMIT_NPROC)))
+    try:
+        st = os.statvfs(segments.SHM_DIR)
+        space = f"{_human(st.f_bavail * st.f_frsize)} free of {_human(st.f_blocks * st.f_frsize)}"
+        lines.append((segments.SHM_DIR, space))
+    except OSError as e:
+        lines.append((segments.SHM_DIR, f"unavailable ({e.strerror})"))
+    segs = segments.list_segments()
+    if segs:
+        users = segment_users()
+        stale = sum(segment_state(s, users) == "stale" for s in segs)
+        lines.append(("segments", f"{len(segs)} ({stale} stale; see `shmcomm ls`)"))
+    else:
+        lines.append(("segments", "none"))
+    return lines
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    lines = info_lines()
+    width = max(len(k) for k, _ in lines)
+    for key, value in lines:
+        print(f"{key + ':':<{width + 1}} {value}")
+    return 0
+
+
+# -- ls / clean ------------------------------------------------------------------------------
+
+def _cmd_ls(args: argparse.Namespace) -> int:
+    segs = segments.list_segments(job=args.job)
+    if not segs:
+        print("no segments")
+        return 0
+    users = segment_users()
+    rows = [("NAME", "JOB", "SIZE", "PIDS", "STATE")]
+    for s in segs:
+        pids = ",".join(str(p) for p in s.pids if p > 0) or "-"
+        rows.append((s.name, s.job or "?", _human(s.size), pids, segment_state(s, users)))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4])
+    return 0
+
+
+def _cmd_clean(args: argparse.Namespace) -> int:
+    users = segment_users()
+    removed, freed, errors = 0, 0, 0
+    for s in segments.list_segments(job=args.job):
+        if segment_state(s, users) != "stale":
+            continue
+        # Read again just before unlinking: a job may have started under this name meanwhile.
+        fresh = segments.describe(s.path)
+        if segment_state(fresh, segment_users()) != "stale":
+            continue
+        what = f"{s.name} (job {s.job or '?'}, {_human(s.size)})"
+        if args.dry_run:
+            print(f"would remove {what}")
+        else:
+            try:
+                os.unlink(s.path)
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                print(f"shmcomm: cannot remove {s.name}: {e.strerror}", file=sys.stderr)
+                errors += 1
+                continue
+            print(f"removed {what}")
+        removed += 1
+        freed += s.size
+    if not removed:
+        print("no stale segments")
+    elif args.dry_run:
+        print(f"{removed} stale segment(s), {_human(freed)}, would be removed")
+    else:
+        print(f"removed {removed} stale segment(s), freed {_human(freed)}")
+    return 1 if errors else 0
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shmcomm", description="shmcomm maintenance commands.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = sub.add_parser("info", help="version, build, SIMD, cores, limits, /dev/shm space")
+    p.set_defaults(func=_cmd_info)
+    p = sub.add_parser("ls", help="list this user's shared-memory segments")
+    p.add_argument("--job", help="only the segments of this job")
+    p.set_defaults(func=_cmd_ls)
+    p = sub.add_parser("clean", help="remove stale segments (never one a live process uses)")
+    p.add_argument("--dry-run", action="store_true", help="only print what would be removed")
+    p.add_argument("--job", help="only the segments of this job")
+    p.set_defaults(func=_cmd_clean)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``shmcomm`` console script; returns the exit code.
+
+    Example::
+
+        main(["clean", "--dry-run"])
+    """
+    args = _build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,661 @@
+"""``shmrun``: start N local ranks of a program and supervise them (``python -m shmcomm.launch``).
+
+Each rank gets the environment ``torchrun`` gives its workers, plus ``SHMCOMM_JOB``, so both
+``sc.init_process_group()`` and an unchanged ``torch.distributed`` script (``env://``) work::
+
+    shmrun -n 4 train.py --lr 0.1             # a .py file runs under this Python
+    shmrun -n 2 -m mypkg.worker               # a module
+    shmrun -n 2 --log-dir logs python train.py
+    shmrun -n 2 sh -c 'echo rank $RANK of $WORLD_SIZE'
+
+Every output line of a rank is prefixed ``[rank] `` (``--no-prefix`` turns that off). When a rank
+fails, the others are stopped (SIGTERM, SIGKILL after ``--grace`` seconds), a summary names the
+failing rank, and ``shmrun`` exits with that rank's code (128 + signal number for a signal).
+Whatever the ending, no process of the job and no ``/dev/shm`` segment of the job is left behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import ctypes
+import errno
+import functools
+import os
+import secrets
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import psutil
+
+from shmcomm import segments
+
+__all__ = ["LaunchConfig", "parse_args", "rank_environment", "launch", "main"]
+
+PROG = "shmrun"
+EXIT_USAGE = 2  # what argparse uses for bad command lines
+TAIL_LINES = 20  # stderr lines of a failed rank repeated in the summary
+_POLL_S = 0.1  # fallback wake-up; SIGCHLD normally wakes the loop at once
+_DRAIN_S = 2.0  # how long to wait for the last output once every process is gone
+_MAX_LINE = 1 << 20  # a "line" longer than this is emitted in pieces rather than buffered forever
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_PR_SET_CHILD_SUBREAPER = 36
+
+# Launcher options: those taking a value, and plain switches. The command line is split by hand at
+# the first token that is not one of these, so every later token (dashes included) is the program's.
+_VALUED = {"-n", "--nproc", "--nproc-per-node", "--nproc_per_node", "--bind-to", "--log-dir",
+           "--max-restarts", "--grace"}
+_SWITCHES = {"--no-prefix", "-h", "--help", "--version"}
+
+
+@dataclass
+class LaunchConfig:
+    """A parsed ``shmrun`` command line; ``command`` is the argv every rank executes.
+
+    Example::
+
+        cfg = parse_args(["-n", "2", "train.py", "--lr", "0.1"])
+        cfg.nproc, cfg.command  # 2, [sys.executable, "train.py", "--lr", "0.1"]
+    """
+
+    nproc: int
+    command: list[str]
+    bind_to: str = "none"
+    prefix: bool = True
+    log_dir: str | None = None
+    max_restarts: int = 0
+    grace: float = 5.0
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        usage=f"{PROG} -n N [options] (script.py | -m module | program) [args...]",
+        description="Run N local ranks of a program for shmcomm or torch.distributed "
+                    "(torchrun-compatible environment).",
+        epilog="Everything after the script, module or program is passed to it untouched.",
+        allow_abbrev=False,  # the hand-made split below must know every spelling of an option
+    )
+    parser.add_argument("-n", "--nproc", "--nproc-per-node", "--nproc_per_node", dest="nproc",
+                        type=int, metavar="N", required=True, help="number of ranks to start")
+    parser.add_argument("--bind-to", choices=("none", "core"), default="none",
+                        help="'core' pins rank r to usable core r mod #cores (default: none)")
+    parser.add_argument("--no-prefix", dest="prefix", action="store_false",
+                        help="do not prefix output lines with [rank]")
+    parser.add_argument("--log-dir", metavar="DIR",
+                        help="also write each rank's output to DIR/rank<r>.out and DIR/rank<r>.err")
+    parser.add_argument("--max-restarts", type=int, default=0, metavar="K",
+                        help="restart the whole job up to K times after a failure (default: 0)")
+    parser.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
+                        help="time between SIGTERM and SIGKILL when stopping ranks (default: 5)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    return parser
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("shmcomm")
+    except Exception:  # an uninstalled checkout still has a version to show
+        import shmcomm
+        return getattr(shmcomm, "__version__", "unknown")
+
+
+def _split_argv(argv: list[str]) -> tuple[list[str], str | None, list[str]]:
+    """Split into (launcher options, module or None, program argv) without looking past the program."""
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "--":
+            return argv[:i], None, argv[i + 1:]
+        if tok == "-m":
+            if i + 1 >= len(argv):
+                return argv[:i] + ["-m"], None, []  # reported as "-m needs a module name"
+            return argv[:i], argv[i + 1], argv[i + 2:]
+        if tok.startswith("-m") and not tok.startswith("--"):
+            return argv[:i], tok[2:], argv[i + 1:]
+        if not tok.startswith("-") or tok == "-":
+            return argv[:i], None, argv[i:]
+        name = tok.split("=", 1)[0]
+        if name in _VALUED and "=" not in tok:
+            i += 2
+        elif tok.startswith("-n") and not tok.startswith("--"):
+            i += 1  # -n4
+        else:
+            i += 1  # a switch, --opt=value, or an unknown option argparse will reject
+    return argv, None, []
+
+
+def parse_args(argv: list[str] | None = None) -> LaunchConfig:
+    """Parse a ``shmrun`` command line; bad use prints a message and raises ``SystemExit(2)``.
+
+    Example::
+
+        >>> parse_args(["-n", "2", "-m", "http.server", "8000"]).command[1:]
+        ['-m', 'http.server', '8000']
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _build_parser()
+    opts, module, program = _split_argv(argv)
+    if opts and opts[-1] == "-m":
+        parser.error("-m needs a module name")
+    ns = parser.parse_args(opts)
+    if ns.nproc < 1:
+        parser.error(f"-n must be at least 1, got {ns.nproc}")
+    if ns.max_restarts < 0:
+        parser.error(f"--max-restarts must be >= 0, got {ns.max_restarts}")
+    if not ns.grace >= 0:  # also rejects nan
+        parser.error(f"--grace must be >= 0 seconds, got {ns.grace}")
+    if module is not None:
+        if not module:
+            parser.error("-m needs a module name")
+        command = [sys.executable, "-m", module, *program]
+    elif not program:
+        parser.error("no program given: expected script.py, -m module, or a program")
+    else:
+        command = _resolve_program(parser, program)
+    return LaunchConfig(nproc=ns.nproc, command=command, bind_to=ns.bind_to, prefix=ns.prefix,
+                        log_dir=ns.log_dir, max_restarts=ns.max_restarts, grace=ns.grace)
+
+
+def _resolve_program(parser: argparse.ArgumentParser, program: list[str]) -> list[str]:
+    # Checked here, once, so a typo is one clear message instead of N identical rank failures.
+    target, args = program[0], program[1:]
+    if target.endswith(".py"):
+        if not os.path.isfile(target):
+            parser.error(f"script not found: {target}")
+        return [sys.executable, target, *args]
+    if os.sep in target:
+        if not os.path.isfile(target):
+            parser.error(f"program not found: {target}")
+        if not os.access(target, os.X_OK):
+            parser.error(f"program is not executable: {target}")
+    elif shutil.which(target) is None:
+        parser.error(f"program not found on PATH: {target}")
+    return [target, *args]
+
+
+def _free_port() -> int:
+    # The port is released before rank 0 binds it; the window is tiny and torchrun does the same.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _new_job_name() -> str:
+    return f"{PROG}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _usable_cores() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
+def rank_environment(cfg: LaunchConfig, rank: int, job: str, port: int, attempt: int = 0,
+                     base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of ``rank``: ``base`` (default ``os.environ``) plus the torchrun variables.
+
+    Example::
+
+        env = rank_environment(parse_args(["-n", "2", "true"]), 1, "job-1", 29500)
+        env["RANK"], env["WORLD_SIZE"], env["SHMCOMM_JOB"]  # '1', '2', 'job-1'
+    """
+    env = dict(os.environ if base is None else base)
+    n = cfg.nproc
+    env.update({
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+        "ROLE_NAME": "default", "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n),
+        "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": str(n),
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+        "TORCHELASTIC_RUN_ID": job, "TORCHELASTIC_RESTART_COUNT": str(attempt),
+        "TORCHELASTIC_MAX_RESTARTS": str(cfg.max_restarts),
+        # torch's env:// would otherwise wait for an agent-hosted store that shmrun does not run
+        # (this matters when shmrun itself is started by torchrun).
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "SHMCOMM_JOB": job,
+    })
+    env.pop("TORCHELASTIC_ERROR_FILE", None)  # an outer launcher's file, not ours
+    if "OMP_NUM_THREADS" not in env:
+        # A rank pinned to one core gains nothing from more threads than that core.
+        per_rank = 1 if cfg.bind_to == "core" else len(_usable_cores()) // n
+        env["OMP_NUM_THREADS"] = str(max(1, per_rank))
+    env.setdefault("PYTHONUNBUFFERED", "1")  # otherwise Python ranks' output arrives in bursts
+    return env
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+class _Console:
+    """Writes launcher and rank output to this process's stdout/stderr, whole lines at a time."""
+
+    def __init__(self) -> None:
+        self.broken = {1: False, 2: False}
+
+    def write(self, fd: int, data: bytes) -> None:
+        if not data or self.broken[fd]:
+            return
+        out = sys.stdout if fd == 1 else sys.stderr
+        try:
+            out.flush()
+            out.buffer.write(data)
+            out.buffer.flush()
+        except BrokenPipeError:
+            # e.g. `shmrun ... | head`: the supervisor stops the job, as SIGPIPE would stop a
+            # program writing there directly. Later writes (and Python's flush at exit) go to
+            # /dev/null instead of raising again.
+            self.broken[fd] = True
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, fd)
+            os.close(devnull)
+        except ValueError:  # closed stream
+            self.broken[fd] = True
+
+    def say(self, msg: str) -> None:
+        self.write(2, f"{PROG}: {msg}\n".encode(errors="replace"))
+
+
+class _Stream:
+    """One pipe of one rank: splits it into lines, prefixes them, tees the raw bytes to a log file."""
+
+    def __init__(self, console: _Console, fd: int, prefix: bytes, log, tail: collections.deque | None):
+        self.console, self.fd, self.prefix, self.log, self.tail = console, fd, prefix, log, tail
+        self.buf = b""
+
+    def feed(self, data: bytes) -> None:
+        if self.log is not None:
+            self.log.write(data)
+            self.log.flush()
+        self.buf += data
+        if b"\n" in self.buf:
+            head, _, self.buf = self.buf.rpartition(b"\n")
+            self._emit(head.split(b"\n"))
+        if len(self.buf) > _MAX_LINE:
+            self._emit([self.buf])
+            self.buf = b""
+
+    def close(self) -> None:
+        if self.buf:  # a last line without its newline still gets printed whole
+            self._emit([self.buf])
+            self.buf = b""
+
+    def _emit(self, lines: list[bytes]) -> None:
+        if self.tail is not None:
+            self.tail.extend(lines)
+        self.console.write(self.fd, b"".join(self.prefix + line + b"\n" for line in lines))
+
+
+@dataclass
+class _Rank:
+    rank: int
+    proc: subprocess.Popen
+    tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+
+@dataclass
+class _Outcome:
+    code: int
+    failed: _Rank | None = None
+    launcher_signal: int | None = None
+    stopped: list[int] = field(default_factory=list)  # ranks still running when the job was stopped
+
+
+class _Supervisor:
+    """Runs one attempt of the job: spawn, pump output, watch exits, stop, clean up."""
+
+    def __init__(self, cfg: LaunchConfig, console: _Console, logs: dict, wakeup_r: int,
+                 pending_signals: list[int], attempt: int) -> None:
+        self.cfg, self.console, self.logs = cfg, console, logs
+        self.wakeup_r, self.pending = wakeup_r, pending_signals
+        self.attempt = attempt
+        self.job = _new_job_name()
+        self.ranks: list[_Rank] = []
+        self.sel = selectors.DefaultSelector()
+        self.streams: dict[int, _Stream] = {}
+        self.failed: _Rank | None = None
+        self.stopped: list[int] = []
+        self.launcher_signal: int | None = None
+        self.kill_at: float | None = None  # when the SIGTERMed ranks get SIGKILL
+        self.killed = False
+
+    # -- start -------------------------------------------------------------------------------
+    def spawn(self) -> int | None:
+        """Start every rank; returns an exit code when one could not even be started."""
+        port = _free_port()
+        cores = _usable_cores()
+        self.sel.register(self.wakeup_r, selectors.EVENT_READ, None)
+        for r in range(self.cfg.nproc):
+            env = rank_environment(self.cfg, r, self.job, port, self.attempt)
+            preexec = None
+            if self.cfg.bind_to == "core":
+                core = cores[r % len(cores)]
+                # Pinned before exec, so every thread the rank ever starts inherits the mask.
+                # preexec_fn is safe here: the launcher runs no other threads.
+                preexec = functools.partial(os.sched_setaffinity, 0, {core})
+            try:
+                proc = subprocess.Popen(
+                    self.cfg.command, env=env,
+                    stdin=None if r == 0 else subprocess.DEVNULL,  # like mpirun: stdin goes to rank 0
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    start_new_session=True,  # own process group: a rank's whole tree is signalled at once
+                    preexec_fn=preexec,
+                )
+            except OSError as e:
+                self.console.say(f"cannot start rank {r}: {e}")
+                self.stop(signal.SIGTERM)
+                return 126 if isinstance(e, PermissionError) else 127
+            rk = _Rank(r, proc)
+            self.ranks.append(rk)
+            prefix = f"[{r}] ".encode() if self.cfg.prefix else b""
+            for pipe, fd, tail in ((proc.stdout, 1, None), (proc.stderr, 2, rk.tail)):
+                log = self.logs.get((r, fd))
+                stream = _Stream(self.console, fd, prefix, log, tail)
+                self.streams[pipe.fileno()] = stream
+                self.sel.register(pipe.fileno(), selectors.EVENT_READ, pipe)
+        return None
+
+    # -- main loop ---------------------------------------------------------------------------
+    def run(self) -> _Outcome:
+        """Supervise until every rank has exited; returns the attempt's outcome."""
+        code = self.spawn()
+        while any(rk.returncode is None for rk in self.ranks):
+            self._pump(_POLL_S)
+            self._handle_signals()
+            if self.console.broken[1] and self.launcher_signal is None and self.kill_at is None:
+                self.launcher_signal = signal.SIGPIPE
+                self.console.say("stdout was closed, stopping every rank")
+                self.stop(signal.SIGTERM)
+            self._reap_ranks()
+            if self.kill_at is not None and not self.killed and time.monotonic() >= self.kill_at:
+                self._kill_all(signal.SIGKILL)
+                self.killed = True
+        self._sweep_leftovers()
+        self._drain()
+        self.sel.close()
+        removed = segments.remove_job_segments(self.job)
+        if removed:
+            self.console.say(f"removed {len(removed)} leftover shared-memory segment(s) of job "
+                             f"{self.job}: {', '.join(removed)}")
+        if code is not None:
+            return _Outcome(code)
+        if self.failed is not None:
+            rc = self.failed.returncode
+            return _Outcome(rc if rc > 0 else 128 - rc, self.failed, self.launcher_signal,
+                            self.stopped)
+        if self.launcher_signal is not None:
+            return _Outcome(128 + self.launcher_signal, None, self.launcher_signal)
+        return _Outcome(0)
+
+    def _pump(self, timeout: float) -> None:
+        for key, _ in self.sel.select(timeout):
+            if key.data is None:  # the signal wake-up pipe: its bytes only served to wake us
+                try:
+                    while os.read(self.wakeup_r, 4096):
+                        pass
+                except BlockingIOError:
+                    pass
+                continue
+            fd = key.fd
+            try:
+                data = os.read(fd, 1 << 16)
+            except OSError:
+                data = b""
+            if data:
+                self.streams[fd].feed(data)
+            else:
+                self._close_stream(fd, key.data)
+
+    def _close_stream(self, fd: int, pipe) -> None:
+        self.sel.unregister(fd)
+        self.streams.pop(fd).close()
+        pipe.close()
+
+    def _handle_signals(self) -> None:
+        while self.pending:
+            signum = self.pending.pop(0)
+            if self.launcher_signal is None and self.kill_at is None:
+                self.launcher_signal = signum
+                self.console.say(f"received {_signal_name(signum)}, stopping {self.cfg.nproc} rank(s)")
+                self.stop(signum)  # forward the same signal: SIGINT reaches Python ranks as Ctrl-C
+            elif not self.killed:
+                self.launcher_signal = self.launcher_signal or signum
+                self.console.say(f"received {_signal_name(signum)} again, killing every rank")
+                self._kill_all(signal.SIGKILL)
+                self.killed = True
+
+    def _reap_ranks(self) -> None:
+        for rk in self.ranks:
+            if rk.returncode is not None or rk.proc.poll() is None:
+                continue  # already handled, or still running
+            if rk.returncode != 0 and self.failed is None and self.kill_at is None:
+                self.failed = rk  # the first failure is the one reported; later ones are fallout
+                self.stop(signal.SIGTERM)
+
+    # -- stopping ----------------------------------------------------------------------------
+    def stop(self, signum: int) -> None:
+        """Send ``signum`` to every rank's process tree and arm the SIGKILL after the grace time."""
+        if self.kill_at is None:
+            self.stopped = [rk.rank for rk in self.ranks if rk.returncode is None]
+            self.kill_at = time.monotonic() + self.cfg.grace
+        self._kill_all(signum)
+
+    def _kill_all(self, signum: int) -> None:
+        for proc in _descendants():
+            try:
+                proc.send_signal(signum)
+            except psutil.Error:
+                pass
+        for rk in self.ranks:
+            _killpg(rk.proc.pid, signum)
+
+    def _sweep_leftovers(self) -> None:
+        # Ranks are gone; what remains are their children (daemons, orphans in their groups, or
+        # reparented to us as subreaper). They get the same SIGTERM, grace, SIGKILL treatment.
+        rank_pids = {rk.proc.pid for rk in self.ranks}
+        kill_at = time.monotonic() + (0.0 if self.killed else self.cfg.grace)
+        give_up = kill_at + 10.0  # only a process stuck in the kernel survives SIGKILL that long
+        signalled: dict[int, int] = {}  # pid or -pgid -> last signal sent
+        while True:
+            _reap_orphans(rank_pids)
+            targets = {p.pid: p for p in _descendants() if _running(p)}
+            targets.update({-pgid: None for pgid in rank_pids if _group_alive(pgid)})
+            if not targets:
+                return
+            now = time.monotonic()
+            if self.pending:  # a signal to the launcher now means "stop waiting"
+                kill_at = min(kill_at, now)
+            if now >= give_up:
+                self.console.say(f"could not kill: {sorted(abs(k) for k in targets)}")
+                return
+            signum = signal.SIGKILL if now >= kill_at else signal.SIGTERM
+            for key, proc in targets.items():
+                if signalled.get(key) == signum:
+                    continue  # one SIGTERM each: repeating it would only disturb their cleanup
+                signalled[key] = signum
+                if proc is None:
+                    _killpg(-key, signum)
+                else:
+                    try:
+                        proc.send_signal(signum)
+                    except psutil.Error:
+                        pass
+            self._pump(0.05)  # keep their pipes drained so they can exit instead of block on write
+
+    def _drain(self) -> None:
+        deadline = time.monotonic() + _DRAIN_S
+        while self.streams and time.monotonic() < deadline:
+            self._pump(0.05)
+        for fd in list(self.streams):
+            key = self.sel.get_key(fd)
+            self._close_stream(fd, key.data)
+
+
+def _descendants() -> list[psutil.Process]:
+    try:
+        return psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _killpg(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    """True when a live (non-zombie) process is still in group ``pgid``."""
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    # killpg(0) also succeeds for zombies, which cannot run anymore: look closer.
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.pid) == pgid and _running(p):
+                return True
+        except (OSError, psutil.Error):
+            continue
+    return False
+
+
+def _reap_orphans(rank_pids: set[int]) -> None:
+    # Orphans reparented to us (subreaper) become our zombies; Popen reaps only the ranks.
+    try:
+        children = psutil.Process().children()
+    except psutil.Error:
+        return
+    for child in children:
+        if child.pid in rank_pids:
+            continue
+        try:
+            os.waitpid(child.pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+
+
+def _become_subreaper() -> None:
+    # Grandchildren whose rank died are reparented to us instead of init, so the final sweep can
+    # still find (and reap) them even when they left the rank's process group.
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _open_logs(cfg: LaunchConfig, console: _Console) -> dict:
+    logs = {}
+    if cfg.log_dir is None:
+        return logs
+    os.makedirs(cfg.log_dir, exist_ok=True)
+    for r in range(cfg.nproc):
+        for fd, ext in ((1, "out"), (2, "err")):
+            logs[(r, fd)] = open(os.path.join(cfg.log_dir, f"rank{r}.{ext}"), "wb")
+    return logs
+
+
+def _summarize(console: _Console, outcome: _Outcome) -> None:
+    rk = outcome.failed
+    if rk is None:
+        return
+    rc = rk.returncode
+    how = f"exit code {rc}" if rc > 0 else f"signal {_signal_name(-rc)} ({-rc})"
+    console.say(f"rank {rk.rank} (pid {rk.proc.pid}) failed with {how}")
+    if outcome.stopped:
+        console.say(f"stopped the other running rank(s): {', '.join(map(str, outcome.stopped))}")
+    if rk.tail:
+        console.say(f"last {len(rk.tail)} line(s) of rank {rk.rank} stderr:")
+        console.write(2, b"".join(b"    " + line + b"\n" for line in rk.tail))
+    else:
+        console.say(f"rank {rk.rank} wrote nothing to stderr")
+
+
+def launch(cfg: LaunchConfig) -> int:
+    """Run the job described by ``cfg`` to its end and return ``shmrun``'s exit code.
+
+    Installs handlers for SIGINT/SIGTERM/SIGHUP (forwarded to the ranks) and SIGCHLD for the
+    duration, so it must run in the main thread. Example::
+
+        code = launch(parse_args(["-n", "2", "worker.py"]))
+    """
+    console = _Console()
+    pending: list[int] = []
+    wakeup_r, wakeup_w = os.pipe()
+    os.set_blocking(wakeup_r, False)
+    os.set_blocking(wakeup_w, False)
+    old_wakeup = signal.set_wakeup_fd(wakeup_w)
+    old_handlers = {}
+    for signum in _FORWARDED:
+        old_handlers[signum] = signal.signal(signum, lambda s, _f: pending.append(s))
+    # A handler (even one doing nothing) makes SIGCHLD write to the wake-up pipe: exits are seen
+    # at once, which also keeps "which rank failed first" accurate.
+    old_handlers[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda s, _f: None)
+    logs = _open_logs(cfg, console)
+    try:
+        attempt = 0
+        while True:
+            outcome = _Supervisor(cfg, console, logs, wakeup_r, pending, attempt).run()
+            _summarize(console, outcome)
+            if outcome.code == 0 or outcome.launcher_signal is not None or pending:
+                return outcome.code
+            if outcome.failed is None or attempt >= cfg.max_restarts:
+                return outcome.code
+            attempt += 1
+            console.say(f"restarting the job (restart {attempt} of {cfg.max_restarts})")
+    finally:
+        for f in logs.values():
+            f.close()
+        for signum, handler in old_handlers.items():
+            signal.signal(signum, handler)
+        signal.set_wakeup_fd(old_wakeup)
+        os.close(wakeup_r)
+        os.close(wakeup_w)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``shmrun`` and ``python -m shmcomm.launch``; returns the exit code.
+
+    Example::
+
+        sys.exit(main(["-n", "2", "train.py"]))
+    """
+    cfg = parse_args(argv)
+    _become_subreaper()
+    try:
+        return launch(cfg)
+    except OSError as e:
+        if e.errno == errno.EPIPE:
+            return 1
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""Tests of the ``shmcomm`` maintenance CLI (info, ls, clean) on fabricated segment files."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import struct
+import subprocess
+import sys
+import time
+
+import pytest
+
+from shmcomm import segments
+
+CLI = [sys.executable, "-m", "shmcomm.cli"]
+
+
+def shmcomm_cli(*args: str) -> subprocess.CompletedProcess:
+    """Run ``shmcomm ARGS`` in a subprocess and return its result (text output)."""
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=30)
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited and been reaped."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.fixture
+def make_segment():
+    """Factory writing fake segment files with a valid header; removes whatever it made."""
+    made: list[str] = []
+
+    def make(job: str, pids: list[int], part: str = "g0", valid: bool = True) -> str:
+        path = os.path.join(segments.SHM_DIR, segments.segment_name(job, part).lstrip("/"))
+        data = bytearray(segments.HEADER_BYTES + len(pids) * segments.CONTROL_BLOCK_BYTES)
+        if valid:
+            struct.pack_into("<QII", data, 0, segments.MAGIC, 1, len(pids))
+            data[64:64 + len(job)] = job.encode()
+            for r, pid in enumerate(pids):
+                offset = segments.HEADER_BYTES + r * segments.CONTROL_BLOCK_BYTES + 8  # pid field
+                struct.pack_into("<i", data, offset, pid)
+        with open(path, "wb") as f:
+            f.write(data)
+        made.append(path)
+        return path
+
+    yield make
+    for path in made:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+@pytest.fixture
+def job(request):
+    """A job name no other test or process uses."""
+    return f"clitest-{os.getpid()}-{request.node.name[:20]}-{time.monotonic_ns() % 10**6}"
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_segments():
+    """No segment of a job made by these tests may remain (other processes' ones may come and go)."""
+    yield
+    left = [s.name for s in segments.list_segments() if s.job.startswith(f"clitest-{os.getpid()}-")
+            or f".clitest-{os.getpid()}-" in s.name]
+    assert not left, f"segments left in /dev/shm: {left}"
+
+
+@pytest.mark.timeout(30)
+def test_info():
+    res = shmcomm_cli("info")
+    assert res.returncode == 0, res.stderr
+    import shmcomm
+    assert re.search(rf"^version:\s+{re.escape(shmcomm.__version__)}$", res.stdout, re.M)
+    m = re.search(r"^/dev/shm:\s+([\d.]+) (\w+) free of ([\d.]+) (\w+)$", res.stdout, re.M)
+    assert m, res.stdout
+    assert re.search(r"^cores:\s+\d+ usable of \d+$", res.stdout, re.M)
+    assert re.search(r"^simd:\s+\S", res.stdout, re.M)
+
+
+@pytest.mark.timeout(30)
+def test_ls_empty_job():
+    res = shmcomm_cli("ls", "--job", "no-such-job-for-sure")
+    assert res.returncode == 0
+    assert res.stdout.strip() == "no segments"
+
+
+@pytest.mark.timeout(30)
+def test_ls_and_clean_remove_stale_only(make_segment, job):
+    stale = make_segment(job, [dead_pid(), dead_pid()], part="stale")
+    live = make_segment(job, [dead_pid(), os.getpid()], part="live")
+
+    res = shmcomm_cli("ls", "--job", job)
+    assert res.returncode == 0, res.stderr
+    rows = {line.split()[0]: line.split() for line in res.stdout.splitlines()[1:]}
+    assert rows[os.path.basename(stale)][-1] == "stale"
+    assert rows[os.path.basename(live)][-1] == "alive"
+    assert rows[os.path.basename(live)][1] == job
+    assert str(os.getpid()) in rows[os.path.basename(live)][-2]
+
+    res = shmcomm_cli("clean", "--dry-run", "--job", job)
+    assert res.returncode == 0, res.stderr
+    assert f"would remove {os.path.basename(stale)}" in res.stdout
+    assert os.path.basename(live) not in res.stdout
+    assert os.path.exists(stale)
+
+    res = shmcomm_cli("clean", "--job", job)
+    assert res.returncode == 0, res.stderr
+    assert f"removed {os.path.basename(stale)}" in res.stdout
+    assert os.path.basename(live) not in res.stdout
+    assert not os.path.exists(stale)
+    assert os.path.exists(live)
+
+    assert "no stale segments" in shmcomm_cli("clean", "--job", job).stdout
+
+
+@pytest.mark.timeout(30)
+def test_clean_keeps_a_mapped_segment_whatever_its_header_says(make_segment, job):
+    # Dead owner pids in the header, but this process maps the file: it is in use.
+    path = make_segment(job, [dead_pid()], part="mapped")
+    with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0):
+        res = shmcomm_cli("clean", "--job", job)
+        assert "no stale segments" in res.stdout
+        assert os.path.exists(path)
+        assert shmcomm_cli("ls", "--job", job).stdout.split()[-1] == "alive"
+
+
+@pytest.mark.timeout(30)
+def test_headerless_segment_is_stale_only_when_old(make_segment, job):
+    path = make_segment(job, [0], part="nohdr", valid=False)
+    assert shmcomm_cli("ls", "--job", job).stdout.split()[-1] == "starting"
+    assert os.path.exists(path) and "no stale segments" in shmcomm_cli("clean", "--job", job).stdout
+    old = time.time() - 3600
+    os.utime(path, (old, old))
+    res = shmcomm_cli("clean", "--job", job)
+    assert f"removed {os.path.basename(path)}" in res.stdout
+    assert not os.path.exists(path)
+
+
+@pytest.mark.timeout(30)
+def test_no_command_is_a_usage_error():
+    res = shmcomm_cli()
+    assert res.returncode == 2
+    assert "usage: shmcomm" in res.stderr

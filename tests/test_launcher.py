@@ -1,0 +1,411 @@
+"""Tests of ``shmrun`` (``python -m shmcomm.launch``), each run as a real subprocess.
+
+The rank programs live in ``tests/launcher_scripts``; they only use the standard library (and
+torch for the gloo test), so these tests do not depend on the compiled collectives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from shmcomm import segments
+
+SCRIPTS = Path(__file__).parent / "launcher_scripts"
+LAUNCH = [sys.executable, "-m", "shmcomm.launch"]
+LINE = re.compile(rb"^\[(\d+)\] (.*)$")
+
+
+_launcher_pids: list[int] = []  # shmrun processes started by the current test
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_segments():
+    """No segment of a job launched by the test may remain in /dev/shm.
+
+    Only this test's jobs are checked (their names start ``shmrun-<launcher pid>-``): other
+    shmcomm processes of this user may come and go meanwhile.
+    """
+    _launcher_pids.clear()
+    yield
+    prefixes = tuple(segments.job_prefix(f"shmrun-{pid}-") for pid in _launcher_pids)
+    left = [s.name for s in segments.list_segments() if prefixes and s.name.startswith(prefixes)]
+    assert not left, f"segments left in /dev/shm: {left}"
+
+
+@pytest.fixture
+def pid_dir(tmp_path):
+    """A directory where rank scripts record the pids the test later checks."""
+    d = tmp_path / "pids"
+    d.mkdir()
+    return d
+
+
+def shmrun(*args: str, timeout: float = 30, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run shmrun to completion from the scripts directory; output is kept as bytes."""
+    with launcher(list(args), env=env) as proc:
+        out, err = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@contextlib.contextmanager
+def launcher(args: list[str], env: dict | None = None):
+    """Start shmrun with piped output; it is killed if the test leaves the block early."""
+    proc = subprocess.Popen([*LAUNCH, *args], cwd=SCRIPTS, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _launcher_pids.append(proc.pid)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def by_rank(out: bytes) -> dict[int, list[bytes]]:
+    """Group prefixed output lines by rank; a line without a prefix fails the test."""
+    lines: dict[int, list[bytes]] = {}
+    for line in out.splitlines():
+        m = LINE.match(line)
+        assert m, f"line without a rank prefix: {line[:200]!r}"
+        lines.setdefault(int(m.group(1)), []).append(m.group(2))
+    return lines
+
+
+def reports(out: bytes) -> dict[int, dict]:
+    """The JSON lines printed by env_report.py, by rank."""
+    return {r: json.loads(lines[0]) for r, lines in by_rank(out).items()}
+
+
+def read_pids(d: Path) -> dict[str, int]:
+    """Every pid a rank script recorded, by file name."""
+    return {p.name: int(p.read_text()) for p in d.iterdir() if not p.name.startswith(".")}
+
+
+def wait_for_pids(d: Path, count: int, proc: subprocess.Popen, timeout: float = 15) -> dict[str, int]:
+    """Wait until ``count`` pid files exist (the ranks are up) or fail."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = read_pids(d)
+        if len(pids) >= count:
+            return pids
+        assert proc.poll() is None, f"shmrun exited early: {proc.communicate()}"
+        time.sleep(0.05)
+    pytest.fail(f"ranks did not start: {read_pids(d)}")
+
+
+def assert_all_dead(pids: dict[str, int]) -> None:
+    """None of ``pids`` may still run (a zombie waiting for its reaper counts as dead)."""
+    deadline = time.monotonic() + 2
+    while True:
+        alive = {}
+        for name, pid in pids.items():
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    alive[name] = pid
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for pid in alive.values():  # do not leave them to the next test
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert not alive, f"processes survived shmrun: {alive}"
+
+
+@pytest.mark.timeout(30)
+def test_environment_and_arguments():
+    res = shmrun("-n", "3", "env_report.py", "--flag", "x", "-n", "7")
+    assert res.returncode == 0, res.stderr
+    rep = reports(res.stdout)
+    assert sorted(rep) == [0, 1, 2]
+    cores = len(os.sched_getaffinity(0))
+    jobs = {r["SHMCOMM_JOB"] for r in rep.values()}
+    ports = {r["MASTER_PORT"] for r in rep.values()}
+    assert len(jobs) == 1 and re.fullmatch(r"shmrun-\d+-[0-9a-f]+", jobs.pop())
+    assert len(ports) == 1 and 0 < int(ports.pop()) < 65536
+    for rank, r in rep.items():
+        assert r["RANK"] == r["LOCAL_RANK"] == r["ROLE_RANK"] == str(rank)
+        assert r["WORLD_SIZE"] == r["LOCAL_WORLD_SIZE"] == "3"
+        assert r["GROUP_RANK"] == "0"
+        assert r["MASTER_ADDR"] == "127.0.0.1"
+        assert r["TORCHELASTIC_RUN_ID"] == r["SHMCOMM_JOB"]
+        assert r["OMP_NUM_THREADS"] == str(max(1, cores // 3))
+        assert r["PYTHONUNBUFFERED"] == "1"
+        assert r["argv"] == ["--flag", "x", "-n", "7"]  # flags after the script are the script's
+        assert os.path.realpath(r["executable"]) == os.path.realpath(sys.executable)
+    errs = by_rank(res.stderr)
+    assert {r: lines[0] for r, lines in errs.items()} == {r: f"rank {r} on stderr".encode() for r in range(3)}
+
+
+@pytest.mark.timeout(30)
+def test_preset_omp_threads_kept_and_job_new_per_launch():
+    env = dict(os.environ, OMP_NUM_THREADS="7")
+    first = reports(shmrun("-n", "1", "env_report.py", env=env).stdout)[0]
+    second = reports(shmrun("-n", "1", "env_report.py", env=env).stdout)[0]
+    assert first["OMP_NUM_THREADS"] == "7"
+    assert first["SHMCOMM_JOB"] != second["SHMCOMM_JOB"]
+
+
+@pytest.mark.timeout(30)
+def test_failing_rank_stops_the_others(pid_dir):
+    start = time.monotonic()
+    res = shmrun("-n", "3", "--grace", "2", "fail_rank.py", str(pid_dir), "1", "3")
+    elapsed = time.monotonic() - start
+    pids = read_pids(pid_dir)
+    assert res.returncode == 3, res.stderr
+    assert elapsed < 15  # the other ranks sleep 60 s: they were stopped, not waited for
+    err = res.stderr.decode()
+    assert f"rank 1 (pid {pids['rank1']}) failed with exit code 3" in err
+    assert "    rank 1 is failing on purpose" in err  # the tail of its stderr in the summary
+    assert "stopped the other running rank(s): 0, 2" in err
+    assert len(pids) == 3
+    assert_all_dead(pids)
+
+
+@pytest.mark.timeout(30)
+def test_sigkilled_rank(pid_dir):
+    res = shmrun("-n", "2", "--grace", "2", "fail_rank.py", str(pid_dir), "1", "0", "kill")
+    assert res.returncode == 128 + signal.SIGKILL, res.stderr
+    err = res.stderr.decode()
+    assert re.search(r"rank 1 \(pid \d+\) failed with signal SIGKILL", err), err
+    assert_all_dead(read_pids(pid_dir))
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_to_launcher_stops_every_process(pid_dir, sig):
+    with launcher(["-n", "2", "--grace", "2", "sleeper.py", str(pid_dir)]) as proc:
+        pids = wait_for_pids(pid_dir, 6, proc)  # 2 ranks, each with a child and a daemon
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=15)
+    assert proc.returncode == 128 + sig, err
+    assert f"received {signal.Signals(sig).name}".encode() in err
+    assert by_rank(out) == {0: [b"ready"], 1: [b"ready"]}
+    assert_all_dead(pids)
+
+
+@pytest.mark.timeout(30)
+def test_rank_ignoring_sigterm_is_killed_after_grace(pid_dir):
+    start = time.monotonic()
+    res = shmrun("-n", "2", "--grace", "1", "sh", "-c",
+                 f'cd {pid_dir}; if [ $RANK = 1 ]; then echo $$ > rank1; '
+                 'while [ ! -f rank0 ]; do sleep 0.05; done; exit 4; fi; '
+                 'trap "" TERM; echo $$ > rank0; sleep 30')
+    assert res.returncode == 4, res.stderr
+    assert 1 <= time.monotonic() - start < 10
+    assert_all_dead(read_pids(pid_dir))
+
+
+@pytest.mark.timeout(30)
+def test_second_signal_kills_at_once(pid_dir):
+    with launcher(["-n", "2", "--grace", "20", "sh", "-c",
+                   f'trap "" INT; echo $$ > {pid_dir}/rank$RANK; sleep 30']) as proc:
+        pids = wait_for_pids(pid_dir, 2, proc)
+        start = time.monotonic()
+        proc.send_signal(signal.SIGINT)  # ignored by the ranks
+        time.sleep(0.5)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 128 + signal.SIGINT, err
+    assert time.monotonic() - start < 5  # not the 20 s grace
+    assert b"killing every rank" in err
+    assert_all_dead(pids)
+
+
+@pytest.mark.timeout(30)
+def test_leftover_children_of_a_successful_job_are_stopped(pid_dir):
+    res = shmrun("-n", "2", "--grace", "2", "sh", "-c",
+                 f'sleep 30 & echo $! > {pid_dir}/bg$RANK; setsid sleep 31 & echo $! > {pid_dir}/sid$RANK')
+    assert res.returncode == 0, res.stderr
+    pids = read_pids(pid_dir)
+    assert len(pids) == 4
+    assert_all_dead(pids)
+
+
+@pytest.mark.timeout(30)
+def test_restart_after_a_failure(tmp_path):
+    marker = tmp_path / "failed-once"
+    res = shmrun("-n", "2", "--max-restarts", "2", "fail_once.py", str(marker))
+    assert res.returncode == 0, res.stderr
+    err = res.stderr.decode()
+    assert "rank 1" in err and "exit code 5" in err
+    assert "restarting the job (restart 1 of 2)" in err
+    assert "restart 2" not in err
+    lines = by_rank(res.stdout)
+    final = {r: [ln for ln in lines[r] if ln.startswith(b"ok attempt=1 ")] for r in (0, 1)}
+    assert all(len(v) == 1 for v in final.values()), lines
+    first = [ln for ln in lines.get(0, []) if ln.startswith(b"ok attempt=0 ")]
+    if first:  # rank 0 may have finished before rank 1 failed: its job name was a different one
+        assert first[0].split(b"job=")[1] != final[0][0].split(b"job=")[1]
+
+
+@pytest.mark.timeout(30)
+def test_no_restart_without_the_flag(tmp_path):
+    res = shmrun("-n", "2", "fail_once.py", str(tmp_path / "marker"))
+    assert res.returncode == 5
+    assert b"restarting" not in res.stderr
+
+
+@pytest.mark.timeout(30)
+def test_log_dir(tmp_path):
+    logs = tmp_path / "logs"
+    res = shmrun("-n", "2", "--log-dir", str(logs), "env_report.py")
+    assert res.returncode == 0, res.stderr
+    assert sorted(os.listdir(logs)) == ["rank0.err", "rank0.out", "rank1.err", "rank1.out"]
+    for r in (0, 1):
+        assert json.loads((logs / f"rank{r}.out").read_text())["RANK"] == str(r)  # no prefix in files
+        assert (logs / f"rank{r}.err").read_text() == f"rank {r} on stderr\n"
+    assert sorted(reports(res.stdout)) == [0, 1]  # the console still gets everything
+
+
+@pytest.mark.timeout(30)
+def test_no_prefix():
+    res = shmrun("-n", "2", "--no-prefix", "env_report.py")
+    assert res.returncode == 0, res.stderr
+    ranks = sorted(json.loads(line)["RANK"] for line in res.stdout.splitlines())
+    assert ranks == ["0", "1"]
+    assert sorted(res.stderr.splitlines()) == [b"rank 0 on stderr", b"rank 1 on stderr"]
+
+
+@pytest.mark.timeout(60)
+def test_lines_are_never_mixed():
+    count, width = 1000, 4000
+    res = shmrun("-n", "3", "chatter.py", str(count), str(width), timeout=50)
+    assert res.returncode == 0, res.stderr[-2000:]
+    for stream, every, w in ((res.stdout, 1, width), (res.stderr, 10, 100)):
+        lines = by_rank(stream)
+        assert sorted(lines) == [0, 1, 2]
+        for rank, got in lines.items():
+            digit = str(rank).encode()
+            if stream is res.stdout:
+                assert got[-1] == b"no-newline-" + digit  # the partial last line, flushed whole
+                got = got[:-1]
+            expected = [f"{i}:".encode() + digit * w for i in range(0, count, every)]
+            assert got == expected, f"rank {rank}: a line was split or mixed"
+
+
+@pytest.mark.timeout(30)
+def test_module():
+    env = dict(os.environ, PYTHONPATH=str(SCRIPTS))
+    res = shmrun("-n", "2", "-m", "env_report", "a", "--b", env=env)
+    assert res.returncode == 0, res.stderr
+    rep = reports(res.stdout)
+    assert sorted(rep) == [0, 1]
+    assert all(r["argv"] == ["a", "--b"] for r in rep.values())
+
+
+@pytest.mark.timeout(30)
+def test_program_python_by_name():
+    python = "python" if shutil.which("python") else sys.executable
+    res = shmrun("-n", "2", python, "env_report.py", "x")
+    assert res.returncode == 0, res.stderr
+    rep = reports(res.stdout)
+    assert sorted(rep) == [0, 1] and all(r["argv"] == ["x"] for r in rep.values())
+
+
+@pytest.mark.timeout(30)
+def test_program_shell():
+    res = shmrun("-n", "2", "sh", "-c", "echo rank=$RANK size=$WORLD_SIZE; exit 0")
+    assert res.returncode == 0, res.stderr
+    assert by_rank(res.stdout) == {0: [b"rank=0 size=2"], 1: [b"rank=1 size=2"]}
+
+
+@pytest.mark.timeout(30)
+def test_bind_to_core():
+    res = shmrun("-n", "3", "--bind-to", "core", "env_report.py")
+    assert res.returncode == 0, res.stderr
+    cores = sorted(os.sched_getaffinity(0))
+    for rank, r in reports(res.stdout).items():
+        assert r["affinity"] == [cores[rank % len(cores)]]
+        assert r["OMP_NUM_THREADS"] == "1"
+
+
+@pytest.mark.timeout(30)
+def test_leftover_segment_of_the_job_is_removed():
+    res = shmrun("-n", "2", "make_segment.py")
+    assert res.returncode == 0, res.stderr
+    paths = [lines[0].decode() for lines in by_rank(res.stdout).values()]
+    assert len(paths) == 2
+    for p in paths:
+        assert os.path.basename(p).startswith(f"shmcomm.{os.getuid()}.shmrun-")
+        assert not os.path.exists(p)
+    assert b"removed 2 leftover shared-memory segment(s)" in res.stderr
+
+
+def _needs_shmcomm_groups():
+    import shmcomm as sc
+    if not hasattr(sc, "init_process_group"):
+        pytest.skip("the compiled core does not provide process groups yet")
+
+
+@pytest.mark.timeout(60)
+def test_shmcomm_job_needs_no_arguments():
+    _needs_shmcomm_groups()
+    res = shmrun("-n", "3", "shmcomm_job.py", timeout=50)
+    assert res.returncode == 0, res.stderr.decode()[-3000:]
+    assert by_rank(res.stdout) == {r: [f"rank {r} of 3 sum 6".encode()] for r in range(3)}
+
+
+@pytest.mark.timeout(60)
+def test_shmcomm_job_with_a_crashed_rank_leaves_nothing():
+    _needs_shmcomm_groups()
+    res = shmrun("-n", "3", "--grace", "2", "shmcomm_job.py", "crash", timeout=50)
+    assert res.returncode == 128 + signal.SIGKILL, res.stderr.decode()[-3000:]
+    assert b"rank 1 (pid" in res.stderr and b"SIGKILL" in res.stderr
+    # no_leftover_segments checks /dev/shm for this job
+
+
+@pytest.mark.timeout(120)
+def test_unchanged_torch_gloo_script():
+    pytest.importorskip("torch")
+    res = shmrun("-n", "2", "torch_allreduce.py", timeout=110)
+    assert res.returncode == 0, res.stderr.decode()[-3000:]
+    out = by_rank(res.stdout)
+    assert out == {0: [b"rank 0 of 2 sum 3"], 1: [b"rank 1 of 2 sum 3"]}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("args, message", [
+    (["-n", "0", "env_report.py"], "-n must be at least 1"),
+    (["-n", "-2", "env_report.py"], "-n must be at least 1"),
+    (["-n", "two", "env_report.py"], "invalid int value"),
+    (["-n", "2", "missing_script.py"], "script not found: missing_script.py"),
+    (["-n", "2", "./missing_program"], "program not found"),
+    (["-n", "2", "no-such-program-shmcomm"], "program not found on PATH"),
+    (["--bogus", "-n", "2", "env_report.py"], "unrecognized arguments: --bogus"),
+    (["-n", "2"], "no program given"),
+    ([], "required: -n"),
+    (["-n", "2", "-m"], "-m needs a module name"),
+    (["-n", "2", "--bind-to", "socket", "env_report.py"], "invalid choice"),
+    (["-n", "2", "--grace", "-1", "env_report.py"], "--grace must be >= 0"),
+    (["-n", "2", "--max-restarts", "-1", "env_report.py"], "--max-restarts must be >= 0"),
+])
+def test_bad_usage(args, message):
+    res = shmrun(*args)
+    err = res.stderr.decode()
+    assert res.returncode == 2, err
+    assert message in err and "usage: shmrun" in err
+    assert res.stdout == b""
+
+
+@pytest.mark.timeout(30)
+def test_help():
+    res = shmrun("--help")
+    assert res.returncode == 0
+    assert b"--max-restarts" in res.stdout and b"--bind-to" in res.stdout
