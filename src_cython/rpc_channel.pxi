@@ -1,0 +1,438 @@
+# RpcChannel: whole framed messages between ranks, for shmcomm.rpc (written by the RPC work).
+#
+# ``rpc_channels(comm, ring_bytes, lanes)`` maps one segment (collectively, through
+# ``Communicator.alloc_shared``) that holds, for every rank, a doorbell per lane and, per lane, one
+# byte ring from every other rank; it returns one RpcChannel per lane (shmcomm.rpc uses a lane for
+# requests and one for replies, so the threads that wait for each never wake each other). The
+# Communicator provides the rendezvous, the cleanup of the name and the liveness of peers.
+#
+# A frame is a 32-byte header (magic | kind, buffer count, request id, pickle length, flags),
+# one 8-byte length per out-of-band buffer, the pickle stream, then each buffer. Any thread may
+# send: one lock per destination keeps frames whole. One thread at a time receives (shmcomm.rpc
+# guarantees it; a second one raises): it reads the pickle stream into a bytes object and each
+# buffer straight into a new numpy array, so a large array is copied into shared memory once by
+# the sender and out once by the receiver, whatever the ring size.
+#
+# Waking. A sender publishes `head` and rings the receiver's doorbell every 16 KiB (so the receiver
+# copies out close behind the sender, while the data is still in a cache near it: several times
+# faster than 64 KiB steps when the two run on different cores) and at the end of a frame; the receiver spins (if asked), yields, then sleeps on its doorbell. A sender that
+# finds the ring full counts itself in the ring's `room_wanted` word and sleeps on the low half of
+# `tail`, which the receiver wakes after consuming. Both sides check the peer's liveness between
+# sleep slices, so a dead peer is an error within one slice, never a hang.
+#
+# Layout of one rank's region (page aligned): 4096 bytes of doorbells (lane L: bell at L*128,
+# waiters at L*128+64), then for lane 0, 1, ...: for src 0..n-1: ring control (256 bytes: head at
+# 0, room_wanted at 8, tail at 128) and `ring_bytes` of data.
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
+
+cdef enum:
+    RPC_BELLS_BYTES = 4096
+    RPC_MAX_LANES = 32
+    RPC_HEADER_BYTES = 32
+    RPC_MAGIC = 0x52504300        # "RPC\0" in the top three bytes; the low byte is the kind
+    RPC_MAX_BUFFERS = 4096
+    RPC_GIL_FREE_COPY = 65536     # copies at least this large release the GIL
+    RPC_PUBLISH_BYTES = 16384     # a long frame is published (and the receiver woken) this often
+    RPC_OK = 0
+    RPC_GONE = -1                 # the peer died or left
+    RPC_TIMEOUT = -2              # nothing was written before the deadline
+    RPC_STALLED = -3              # the peer is alive but consumed nothing for the group timeout
+
+cdef uint64_t RPC_SLICE_NS = 20 * 1000 * 1000   # longest sleep between liveness checks
+
+
+cdef inline uint32_t *_rpc_room_wanted(capi.shm_ring_t *ring) noexcept nogil:
+    return <uint32_t *>(<char *>ring + 8)
+
+
+cdef inline uint32_t *_rpc_tail_word(capi.shm_ring_t *ring) noexcept nogil:
+    return <uint32_t *>&ring.tail   # low half on little-endian targets (x86-64, aarch64)
+
+
+def rpc_channels(Communicator comm not None, size_t ring_bytes, int lanes=2):
+    """Collective over ``comm``: map the rings of ``lanes`` channels (every rank calls it with the
+    same arguments); returns the list of RpcChannel, one per lane (internal: shmcomm.rpc).
+
+    Example::
+
+        requests, replies = _core.rpc_channels(comm, 1 << 20, 2)
+    """
+    if not 1 <= lanes <= RPC_MAX_LANES:
+        raise ValueError(f"lanes must be in [1, {RPC_MAX_LANES}], got {lanes}")
+    ring_bytes = _align_up(max(ring_bytes, <size_t>4096), 4096)
+    cdef size_t ring_stride = SHM_RING_CTRL_BYTES + ring_bytes
+    seg, stride = comm.alloc_shared(RPC_BELLS_BYTES + lanes * comm.size * ring_stride)
+    return [RpcChannel(comm, seg, stride, lane, ring_bytes) for lane in range(lanes)]
+
+
+cdef class RpcChannel:
+    """Framed messages between the ranks of a group (internal: used by ``shmcomm.rpc``).
+
+    Made by ``rpc_channels``; frames are ``(src, kind, req_id, flags, data, buffers)``::
+
+        requests, replies = _core.rpc_channels(comm, 1 << 20, 2)
+        requests.send(1 - rank, 1, 7, 0, b"hello", [memoryview(array).cast("B")])
+        for src, kind, req_id, flags, data, buffers in requests.recv(1.0):
+            ...
+    """
+    cdef Communicator comm
+    cdef Segment seg
+    cdef char *base
+    cdef size_t stride
+    cdef size_t ring_bytes
+    cdef size_t ring_stride
+    cdef readonly int lane
+    cdef readonly int rank
+    cdef readonly int size
+    cdef list locks
+    cdef list gone                 # peers known dead or departed (sending to them fails)
+    cdef list broken               # rings never read again (a frame was cut off or corrupt)
+    cdef bint receiving
+    cdef int next_src
+    cdef public uint64_t spin_ns
+    cdef public int yields
+    cdef public size_t publish_bytes   # see "Waking" above
+
+    def __init__(self, Communicator comm not None, Segment seg not None, size_t stride, int lane,
+                 size_t ring_bytes):
+        if seg.size < comm.size * stride or stride < RPC_BELLS_BYTES + (lane + 1) * comm.size * (
+                SHM_RING_CTRL_BYTES + ring_bytes):
+            raise ValueError("segment too small for this channel")
+        self.comm, self.seg, self.base, self.stride = comm, seg, seg.base, stride
+        self.ring_bytes, self.ring_stride = ring_bytes, SHM_RING_CTRL_BYTES + ring_bytes
+        self.lane, self.rank, self.size = lane, comm.rank, comm.size
+        self.locks = [threading.Lock() for _ in range(comm.size)]
+        self.gone = [False] * comm.size
+        self.broken = [False] * comm.size
+        self.receiving = False
+        self.next_src = 0
+        self.spin_ns = comm.spin_ns
+        self.yields = comm.yields
+        self.publish_bytes = RPC_PUBLISH_BYTES
+
+    cdef inline capi.shm_ring_t *ring(self, int src, int dst) noexcept nogil:
+        return <capi.shm_ring_t *>(self.base + dst * self.stride + RPC_BELLS_BYTES
+                                   + (self.lane * self.size + src) * self.ring_stride)
+
+    cdef inline uint32_t *bell(self, int r) noexcept nogil:
+        return <uint32_t *>(self.base + r * self.stride + self.lane * 128)
+
+    cdef inline uint32_t *bell_waiters(self, int r) noexcept nogil:
+        return <uint32_t *>(self.base + r * self.stride + self.lane * 128 + 64)
+
+    # ---- liveness -----------------------------------------------------------------------------
+    cdef bint _gone(self, int r) noexcept nogil:
+        return (capi.shm_load_acquire(&self.comm.cb(r).state) == SHM_RANK_DEPARTED
+                or self.comm._peer_dead(r))
+
+    def peer_gone(self, int r):
+        """True once rank ``r`` died or left (remembered: a gone peer never comes back)."""
+        if not 0 <= r < self.size:
+            raise ValueError(f"rank must be in [0, {self.size}), got {r}")
+        if r != self.rank and not self.gone[r] and self.comm.closed == False and self._gone(r):
+            self.gone[r] = True
+        return self.gone[r]
+
+    def pid(self, int r):
+        """Process id of rank ``r``."""
+        if not 0 <= r < self.size:
+            raise ValueError(f"rank must be in [0, {self.size}), got {r}")
+        return self.comm.pids[r]
+
+    def kick(self):
+        """Wake this rank's receiver if it sleeps (it returns early with what it has, maybe nothing)."""
+        if not self.comm.closed:
+            capi.shm_ring_bell(self.bell(self.rank), self.bell_waiters(self.rank))
+
+    cdef object _gone_error(self, int r, str what):
+        self.gone[r] = True
+        pid = self.comm.pids[r]
+        return PeerFailureError(f"{what} rank {r}: the peer (pid {pid}) died or left", r, pid)
+
+    # ---- sending ------------------------------------------------------------------------------
+    def send(self, int dst, int kind, uint64_t req_id, uint64_t flags, bytes data not None,
+             list buffers=None, double timeout=-1.0):
+        """Send one frame to ``dst``: ``data`` then each buffer of ``buffers`` (contiguous
+        buffer-protocol objects). Returns once the whole frame is in shared memory. Raises
+        PeerFailureError if ``dst`` is gone, CommTimeoutError if not a byte could be written
+        within ``timeout`` seconds (< 0: the group timeout)."""
+        cdef int nbuf = len(buffers) if buffers is not None else 0
+        cdef int i, rc, nparts = 2 + nbuf
+        cdef Py_buffer *views = NULL
+        cdef const char **ptrs = NULL
+        cdef size_t *lens = NULL
+        cdef unsigned char small[RPC_HEADER_BYTES + 8 * 8]
+        cdef unsigned char *head = small
+        cdef size_t head_len = RPC_HEADER_BYTES + 8 * <size_t>nbuf
+        cdef uint64_t deadline
+        cdef size_t total
+        cdef capi.shm_ring_t *ring
+        cdef int got = 0
+        if not 0 <= dst < self.size or dst == self.rank:
+            raise ValueError(f"dst must be another rank in [0, {self.size}), got {dst}")
+        if not 0 <= kind < 256:
+            raise ValueError(f"kind must be in [0, 256), got {kind}")
+        if nbuf > RPC_MAX_BUFFERS:
+            raise ValueError(f"at most {RPC_MAX_BUFFERS} buffers per frame, got {nbuf}")
+        if self.comm.closed:
+            raise ShmcommError("the RPC channel is closed")
+        if self.gone[dst]:
+            raise self._gone_error(dst, "send to")
+        if timeout < 0:
+            timeout = self.comm.timeout
+        deadline = capi.shm_now_ns() + <uint64_t>(min(timeout, 1e9) * 1e9)
+        try:
+            ptrs = <const char **>malloc(nparts * sizeof(char *))
+            lens = <size_t *>malloc(nparts * sizeof(size_t))
+            if nbuf:
+                views = <Py_buffer *>malloc(nbuf * sizeof(Py_buffer))
+            if nbuf > 8:
+                head = <unsigned char *>malloc(head_len)
+            if ptrs == NULL or lens == NULL or head == NULL or (nbuf and views == NULL):
+                raise MemoryError()
+            for i in range(nbuf):
+                PyObject_GetBuffer(buffers[i], &views[i], PyBUF_SIMPLE)
+                got += 1
+                (<uint64_t *>(head + RPC_HEADER_BYTES))[i] = <uint64_t>views[i].len
+                ptrs[2 + i], lens[2 + i] = <const char *>views[i].buf, <size_t>views[i].len
+            (<uint32_t *>head)[0] = RPC_MAGIC | <uint32_t>kind
+            (<uint32_t *>head)[1] = <uint32_t>nbuf
+            (<uint64_t *>head)[1] = req_id
+            (<uint64_t *>head)[2] = <uint64_t>PyBytes_GET_SIZE(data)
+            (<uint64_t *>head)[3] = flags
+            ptrs[0], lens[0] = <const char *>head, head_len
+            ptrs[1], lens[1] = PyBytes_AS_STRING(data), <size_t>PyBytes_GET_SIZE(data)
+            lock = self.locks[dst]
+            if not lock.acquire(False):
+                if not lock.acquire(True, timeout):
+                    raise CommTimeoutError(f"send to rank {dst}: another send held the channel "
+                                           f"for {timeout} s")
+            total = 0
+            for i in range(nparts):
+                total += lens[i]
+            ring = self.ring(self.rank, dst)
+            try:
+                if (total <= RPC_GIL_FREE_COPY and self.ring_bytes
+                        - (ring.head - capi.shm_load_acquire64(&ring.tail)) >= total):
+                    rc = self._write(dst, ptrs, lens, nparts, deadline)  # fits now: no wait
+                else:
+                    with nogil:
+                        rc = self._write(dst, ptrs, lens, nparts, deadline)
+            finally:
+                lock.release()
+            if rc == RPC_GONE:
+                raise self._gone_error(dst, "send to")
+            if rc == RPC_TIMEOUT:
+                raise CommTimeoutError(f"send to rank {dst}: no room in the ring within {timeout} s")
+            if rc == RPC_STALLED:
+                self.gone[dst] = True   # the stream holds half a frame: never use it again
+                raise ShmcommError(f"send to rank {dst}: the peer consumed nothing for "
+                                   f"{self.comm.timeout} s; the channel to it is unusable")
+        finally:
+            for i in range(got):
+                PyBuffer_Release(&views[i])
+            free(views)
+            free(ptrs)
+            free(lens)
+            if head != small:
+                free(head)
+
+    cdef int _write(self, int dst, const char **ptrs, size_t *lens, int nparts,
+                    uint64_t deadline) noexcept nogil:
+        cdef capi.shm_ring_t *ring = self.ring(self.rank, dst)
+        cdef char *data = <char *>ring + SHM_RING_CTRL_BYTES
+        cdef size_t cap = self.ring_bytes, room, n, pos, first, off
+        cdef size_t chunk = max(<size_t>4096, min(cap // 4, self.publish_bytes))
+        cdef uint64_t start = ring.head, head = start, published = start, tail, stall
+        cdef uint32_t *peer_bell = self.bell(dst)
+        cdef uint32_t *peer_waiters = self.bell_waiters(dst)
+        cdef int p
+        stall = 0
+        for p in range(nparts):
+            off = 0
+            while off < lens[p]:
+                tail = capi.shm_load_acquire64(&ring.tail)
+                room = cap - <size_t>(head - tail)
+                if room == 0:
+                    if head != published:
+                        capi.shm_store_release64(&ring.head, head)
+                        capi.shm_ring_bell(peer_bell, peer_waiters)
+                        published = head
+                    if capi.shm_wait_geq(_rpc_tail_word(ring), <uint32_t>tail + 1,
+                                         _rpc_room_wanted(ring), self.spin_ns, self.yields,
+                                         RPC_SLICE_NS):
+                        stall = 0
+                        continue
+                    if self._gone(dst):
+                        return RPC_GONE
+                    if head == start and capi.shm_now_ns() > deadline:
+                        return RPC_TIMEOUT
+                    if stall == 0:
+                        stall = capi.shm_now_ns() + <uint64_t>(self.comm.timeout * 1e9)
+                    elif capi.shm_now_ns() > stall:
+                        return RPC_STALLED
+                    continue
+                n = min(lens[p] - off, room, chunk)
+                pos = head % cap
+                first = min(n, cap - pos)
+                memcpy(data + pos, ptrs[p] + off, first)
+                if n > first:
+                    memcpy(data, ptrs[p] + off + first, n - first)
+                head += n
+                off += n
+                if head - published >= chunk:
+                    # let the receiver copy out while the rest goes in
+                    capi.shm_store_release64(&ring.head, head)
+                    capi.shm_ring_bell(peer_bell, peer_waiters)
+                    published = head
+        capi.shm_store_release64(&ring.head, head)
+        capi.shm_ring_bell(peer_bell, peer_waiters)
+        return RPC_OK
+
+    # ---- receiving ----------------------------------------------------------------------------
+    def recv(self, double wait_s, int max_frames=64):
+        """Wait up to ``wait_s`` seconds (< 0: forever) for frames from any live rank and return
+        every complete frame available then (at most ``max_frames``), as a list of
+        ``(src, kind, req_id, flags, data, buffers)``; an empty list when none came or ``kick``
+        was called. Raises PeerFailureError if a sender died in the middle of a frame."""
+        cdef uint32_t *my_bell = self.bell(self.rank)
+        cdef uint32_t *my_waiters = self.bell_waiters(self.rank)
+        cdef uint32_t bell
+        cdef uint64_t now, end, slice_ns
+        cdef int i, src, n = self.size
+        cdef list frames = []
+        if self.receiving:
+            raise ShmcommError("RpcChannel.recv: another thread is receiving")
+        if self.comm.closed:
+            raise ShmcommError("the RPC channel is closed")
+        self.receiving = True
+        try:
+            end = capi.shm_now_ns() + <uint64_t>(min(wait_s, 1e9) * 1e9) if wait_s >= 0 else 0
+            while True:
+                bell = capi.shm_load_acquire(my_bell)
+                for i in range(n):
+                    src = (self.next_src + i) % n
+                    while len(frames) < max_frames and self._available(src):
+                        try:
+                            frames.append(self._read_frame(src))
+                        except PeerFailureError:
+                            break   # died mid-frame: marked gone, its ring is never read again
+                if frames:
+                    self.next_src = (self.next_src + 1) % n
+                    return frames
+                now = capi.shm_now_ns()
+                if end and now >= end:
+                    return frames
+                slice_ns = min(RPC_SLICE_NS, end - now) if end else RPC_SLICE_NS
+                with nogil:
+                    if capi.shm_wait_geq(my_bell, bell + 1, my_waiters, self.spin_ns,
+                                         self.yields, slice_ns):
+                        pass
+                if capi.shm_load_acquire(my_bell) != bell and not self._any_available():
+                    return frames   # kicked
+                PyErr_CheckSignals()
+        finally:
+            self.receiving = False
+
+    cdef bint _available(self, int src) noexcept:
+        cdef capi.shm_ring_t *ring
+        if src == self.rank or self.broken[src]:
+            return False
+        ring = self.ring(src, self.rank)
+        return capi.shm_load_acquire64(&ring.head) != ring.tail
+
+    cdef bint _any_available(self) noexcept:
+        cdef int r
+        for r in range(self.size):
+            if self._available(r):
+                return True
+        return False
+
+    cdef object _read_frame(self, int src):
+        cdef unsigned char hdr[RPC_HEADER_BYTES]
+        cdef uint32_t magic_kind, nbuf, i
+        cdef uint64_t req_id, dlen, flags
+        cdef uint64_t *sizes = NULL
+        cdef cnp.ndarray arr
+        self._take(src, <char *>hdr, RPC_HEADER_BYTES)
+        magic_kind = (<uint32_t *>hdr)[0]
+        if magic_kind & 0xFFFFFF00u != RPC_MAGIC:
+            self.broken[src] = True
+            raise ShmcommError(f"corrupt RPC frame from rank {src}")
+        nbuf = (<uint32_t *>hdr)[1]
+        req_id = (<uint64_t *>hdr)[1]
+        dlen = (<uint64_t *>hdr)[2]
+        flags = (<uint64_t *>hdr)[3]
+        if nbuf > RPC_MAX_BUFFERS:
+            self.broken[src] = True
+            raise ShmcommError(f"corrupt RPC frame from rank {src}")
+        buffers = []
+        try:
+            if nbuf:
+                sizes = <uint64_t *>malloc(nbuf * sizeof(uint64_t))
+                if sizes == NULL:
+                    raise MemoryError()
+                self._take(src, <char *>sizes, nbuf * sizeof(uint64_t))
+            data = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>dlen)
+            self._take(src, PyBytes_AS_STRING(data), dlen)
+            for i in range(nbuf):
+                arr = np.empty(<Py_ssize_t>sizes[i], np.uint8)
+                self._take(src, <char *>cnp.PyArray_DATA(arr), sizes[i])
+                buffers.append(arr)
+        finally:
+            free(sizes)
+        return (src, <int>(magic_kind & 0xFF), req_id, flags, data, buffers)
+
+    cdef int _take(self, int src, char *dst, size_t want) except -1:
+        """Copy exactly `want` bytes of ring src->me into dst, waiting for the sender as needed."""
+        cdef capi.shm_ring_t *ring = self.ring(src, self.rank)
+        cdef uint64_t tail = ring.tail
+        cdef int rc
+        if want == 0:
+            return 0
+        if want < RPC_GIL_FREE_COPY and capi.shm_load_acquire64(&ring.head) - tail >= want:
+            self._copy_out(ring, dst, want)
+            return 0
+        with nogil:
+            rc = self._take_slow(src, dst, want)
+        if rc == RPC_GONE:
+            self.broken[src] = True
+            raise self._gone_error(src, "receive from")
+        return 0
+
+    cdef void _copy_out(self, capi.shm_ring_t *ring, char *dst, size_t n) noexcept nogil:
+        cdef char *data = <char *>ring + SHM_RING_CTRL_BYTES
+        cdef size_t cap = self.ring_bytes
+        cdef uint64_t tail = ring.tail
+        cdef size_t pos = tail % cap, first = min(n, cap - pos)
+        memcpy(dst, data + pos, first)
+        if n > first:
+            memcpy(dst + first, data, n - first)
+        capi.shm_store_release64(&ring.tail, tail + n)
+        # A full fence before reading room_wanted (see shm_wait_geq): the sender either sees the
+        # new tail or is counted here.
+        if capi.shm_fetch_add(_rpc_room_wanted(ring), 0):
+            capi.shm_futex_wake_all(_rpc_tail_word(ring))
+
+    cdef int _take_slow(self, int src, char *dst, size_t want) noexcept nogil:
+        cdef capi.shm_ring_t *ring = self.ring(src, self.rank)
+        cdef uint32_t *my_bell = self.bell(self.rank)
+        cdef uint32_t *my_waiters = self.bell_waiters(self.rank)
+        cdef uint64_t avail
+        cdef uint32_t bell
+        cdef size_t n
+        while want:
+            bell = capi.shm_load_acquire(my_bell)
+            avail = capi.shm_load_acquire64(&ring.head) - ring.tail
+            if avail == 0:
+                if not capi.shm_wait_geq(my_bell, bell + 1, my_waiters, self.spin_ns,
+                                         self.yields, RPC_SLICE_NS):
+                    if self._gone(src) and capi.shm_load_acquire64(&ring.head) == ring.tail:
+                        return RPC_GONE
+                continue
+            n = <size_t>min(<uint64_t>want, avail)
+            self._copy_out(ring, dst, n)
+            dst += n
+            want -= n
+        return RPC_OK
