@@ -231,7 +231,9 @@ class ProcessGroup:
 
             pg.send(np.arange(4), dst=1, tag=7)
         """
-        self.isend(array, dst, tag).wait()
+        work = Work(None, (array,), [array], self.abort, self._p2p.drive)
+        self._p2p.post_send(work._future, array, _rank_arg(dst, "dst"), _tag_arg(tag), False)
+        work.wait()
 
     def recv(self, array, src: int | None = None, tag: int = 0) -> int:
         """Receive into ``array`` from ``src`` (None: any rank); returns the sender's rank.
@@ -240,7 +242,9 @@ class ProcessGroup:
 
             sender = pg.recv(buf, src=None, tag=7)
         """
-        work = self.irecv(array, src, tag)
+        work = Work(None, (array,), [array], self.abort, self._p2p.drive)
+        source = -1 if src is None else _rank_arg(src, "src")
+        self._p2p.post_recv(work._future, array, source, _tag_arg(tag), work, False)
         work.wait()
         return work.source_rank()
 
@@ -252,7 +256,7 @@ class ProcessGroup:
 
             w = pg.isend(x, dst=1); w.wait()
         """
-        work = Work(None, (array,), [array], self.abort)
+        work = Work(None, (array,), [array], self.abort, self._p2p.drive)
         self._p2p.post_send(work._future, array, _rank_arg(dst, "dst"), _tag_arg(tag))
         return work
 
@@ -263,7 +267,7 @@ class ProcessGroup:
 
             w = pg.irecv(buf, src=0); w.wait()
         """
-        work = Work(None, (array,), [array], self.abort)
+        work = Work(None, (array,), [array], self.abort, self._p2p.drive)
         source = -1 if src is None else _rank_arg(src, "src")
         self._p2p.post_recv(work._future, array, source, _tag_arg(tag), work)
         return work

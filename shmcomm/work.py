@@ -28,10 +28,11 @@ class Work:
         assert work.is_success()
     """
 
-    __slots__ = ("_fn", "_args", "_outputs", "_future", "_source", "_abort", "__weakref__")
+    __slots__ = ("_fn", "_args", "_outputs", "_future", "_source", "_abort", "_drive", "__weakref__")
 
     def __init__(self, fn: Callable[..., Any] | None, args: tuple, outputs: list,
-                 abort: Callable[[], None] | None = None):
+                 abort: Callable[[], None] | None = None, drive: Callable[..., None] | None = None):
+        self._drive = drive  # makes progress on the waiting thread (point-to-point ops)
         self._fn = fn
         self._args = args
         self._outputs = outputs
@@ -64,6 +65,8 @@ class Work:
             work.wait(timeout=5.0)
         """
         try:
+            if self._drive is not None and not self._future.done():
+                self._drive(self._future, -1.0 if timeout is None else timeout)
             self._future.wait(timeout)
         except CommTimeoutError:
             if self._future.done():

@@ -78,7 +78,7 @@ cdef class P2PEngine:
         self.closed = False
 
     # ---- posting ------------------------------------------------------------------------------
-    def post_send(self, future, array, int dst, int64_t tag):
+    def post_send(self, future, array, int dst, int64_t tag, bint background=True):
         cdef buf_t b
         cdef _SendOp op = _SendOp()
         op.owner = as_buf(array, &b, False, "array")
@@ -95,9 +95,10 @@ cdef class P2PEngine:
             self.sendq[dst].append(op)
             self.pending += 1
             self._pass()
-            self._kick()
+            if background:
+                self._kick()
 
-    def post_recv(self, future, array, int src, int64_t tag, work):
+    def post_recv(self, future, array, int src, int64_t tag, work, bint background=True):
         cdef buf_t b
         cdef _RecvOp op = _RecvOp()
         cdef _Incoming inc
@@ -119,7 +120,8 @@ cdef class P2PEngine:
             else:
                 self.posted.append(op)
                 self._pass()
-            self._kick()
+            if background:
+                self._kick()
 
     cdef _check_peer(self, int r, str argname):
         if not 0 <= r < self.comm.size:
@@ -282,6 +284,32 @@ cdef class P2PEngine:
             work._source = source
         future.set_result(work._outputs if work is not None else [])
 
+    # ---- the caller drives progress ---------------------------------------------------------
+    def drive(self, future, double timeout=-1.0):
+        """Move bytes on the calling thread until ``future`` is done: a blocking send or receive
+        then needs no hand-off to the progress thread. CommTimeoutError after ``timeout`` s (< 0:
+        no limit here; the operation's own deadline still applies)."""
+        cdef Communicator c = self.comm
+        cdef capi.shm_cb_t *me = c.cb(c.rank)
+        cdef uint32_t bell
+        cdef uint64_t deadline = capi.shm_now_ns() + <uint64_t>(timeout * 1e9) if timeout >= 0 else 0
+        while not future.done():
+            with self.lock:
+                bell = capi.shm_load_acquire(&me.bell)
+                try:
+                    if not self._pass():
+                        self._check_failures()
+                except BaseException as exc:
+                    self._fail_all(exc)
+                    raise
+            if future.done():
+                break
+            if deadline and capi.shm_now_ns() > deadline:
+                raise CommTimeoutError(f"point-to-point operation not completed within {timeout} s")
+            with nogil:
+                capi.shm_wait_geq(&me.bell, bell + 1, &me.bell_waiters, c.spin_ns, c.yields, SLICE_NS)
+            PyErr_CheckSignals()
+
     # ---- the progress thread ------------------------------------------------------------------
     def _loop(self):
         cdef Communicator c = self.comm
@@ -301,9 +329,9 @@ cdef class P2PEngine:
                 except BaseException as exc:  # noqa: fail everything rather than hang
                     self._fail_all(exc)
                     continue
-            if not moved:
+            if not moved:  # background work: sleep at once, leave the cores to the ranks
                 with nogil:
-                    capi.shm_wait_geq(&me.bell, bell + 1, &me.bell_waiters, c.spin_ns, c.yields, SLICE_NS)
+                    capi.shm_wait_geq(&me.bell, bell + 1, &me.bell_waiters, 0, 0, SLICE_NS)
 
     cdef _check_failures(self):
         """Fail operations whose peer is gone, or that ran past their deadline."""
