@@ -15,6 +15,8 @@ from typing import Sequence
 from shmcomm import _core
 from shmcomm.errors import AbortedError
 from shmcomm.ops import ReduceOp, op_code
+
+_SUM_OP, _SUM = ReduceOp.SUM, int(ReduceOp.SUM)
 from shmcomm.work import OpQueue, Work, completed_work
 
 __all__ = ["ProcessGroup", "init_process_group", "is_initialized", "get_rank", "get_world_size",
@@ -70,15 +72,17 @@ class ProcessGroup:
 
     # ---- running operations -----------------------------------------------------------------
     def _op(self, fn, args: tuple, outputs: list, async_op: bool):
+        # Hot path: a synchronous op with nothing queued runs inline, here and now. Ops on one
+        # group are issued from one thread at a time (as with torch.distributed), so no lock.
+        ops = self._ops
+        if not async_op and ops.submitted == ops.completed and not self._destroyed:
+            fn(*args)
+            return None
         if self._destroyed:
             raise ValueError(f"process group {self._name} was destroyed")
-        ops = self._ops
-        if not async_op and ops.idle():
-            ops.run_inline(fn, args)
-            return None
         if async_op and getattr(fn, "__self__", None) is self._comm:
             fn(*args, run=False)  # bad arguments raise here, not later from wait()
-        work = ops.submit(Work(fn, args, outputs, self.abort))
+        work = self._ops.submit(Work(fn, args, outputs, self.abort))
         if async_op:
             return work
         work.wait()
@@ -103,7 +107,12 @@ class ProcessGroup:
 
             x = np.full(3, pg.rank, np.float32); pg.all_reduce(x)   # x == sum of ranks
         """
-        return self._op(self._comm.all_reduce, (array, op_code(op)), [array], async_op)
+        code = _SUM if op is _SUM_OP else op_code(op)
+        ops = self._ops
+        if not async_op and ops.submitted == ops.completed and not self._destroyed:
+            self._comm.all_reduce(array, code)  # the latency-critical path, inlined
+            return None
+        return self._op(self._comm.all_reduce, (array, code), [array], async_op)
 
     def all_reduce_coalesced(self, arrays, op=ReduceOp.SUM, async_op: bool = False):
         """All-reduce each array of ``arrays`` (one queued operation).
@@ -434,7 +443,9 @@ def default_group() -> ProcessGroup:
 def resolve(group: ProcessGroup | None) -> ProcessGroup:
     """``group`` itself, or the default group for None (TypeError for anything else)."""
     if group is None:
-        return default_group()
+        if _default is None:
+            return default_group()  # raises the "not initialized" error
+        return _default
     if not isinstance(group, ProcessGroup):
         raise TypeError(f"group must be a shmcomm.ProcessGroup or None, got {type(group).__name__}")
     return group

@@ -168,17 +168,17 @@ class OpQueue:
         self._name = name
         self._queue: queue.Queue[Work | None] = queue.Queue()
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()  # serialises inline ops with each other
+        # Each counter has one writer (the issuing thread, the worker), so no lock is needed and
+        # "idle" is one comparison on the hot path.
+        self.submitted = 0
+        self.completed = 0
 
     def idle(self) -> bool:
         """True when nothing is queued or running, so a synchronous op may run inline."""
-        return self._queue.unfinished_tasks == 0
-
-    def run_inline(self, fn: Callable[..., Any], args: tuple):
-        with self._lock:
-            return fn(*args)
+        return self.submitted == self.completed
 
     def submit(self, work: Work) -> Work:
+        self.submitted += 1
         self._queue.put(work)
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name=f"shmcomm-{self._name}", daemon=True)
@@ -191,9 +191,10 @@ class OpQueue:
             try:
                 if work is None:
                     return
-                with self._lock:
-                    work._run()
+                work._run()
             finally:
+                if work is not None:
+                    self.completed += 1
                 self._queue.task_done()
 
     def fail_pending(self, exc: BaseException) -> None:
@@ -205,6 +206,7 @@ class OpQueue:
                 return
             if work is not None:
                 work._fail(exc)
+                self.completed += 1
             self._queue.task_done()
 
     def stop(self) -> None:

@@ -122,7 +122,9 @@ cdef class Communicator:
         usable = len(os.sched_getaffinity(0))
         spin_us = _env_bytes("SHMCOMM_SPIN_US", 50 if size <= usable else 0, 0)
         self.spin_ns = spin_us * 1000
-        self.yields = 4 if size <= usable else 2
+        # More ranks than cores: the peer we wait for needs our core, so give it away with
+        # sched_yield for a while (a few hundred microseconds) before sleeping on the futex.
+        self.yields = _env_bytes("SHMCOMM_YIELDS", 16 if size <= usable else 256, 0)
         self.pidfds = <int *>malloc(size * sizeof(int))
         self.pids = <int *>malloc(size * sizeof(int))
         self.srcs = <const void **>malloc(size * sizeof(void *))
