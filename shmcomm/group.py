@@ -17,7 +17,7 @@ from shmcomm.errors import AbortedError
 from shmcomm.ops import ReduceOp, op_code
 
 _SUM_OP, _SUM = ReduceOp.SUM, int(ReduceOp.SUM)
-from shmcomm.work import OpQueue, Work, completed_work
+from shmcomm.work import OpQueue, Work
 
 __all__ = ["ProcessGroup", "init_process_group", "is_initialized", "get_rank", "get_world_size",
            "new_group", "destroy_process_group", "default_group"]
@@ -401,6 +401,25 @@ def _env_job() -> str:
                      "or run under shmrun/torchrun")
 
 
+def job_arguments(rank: int | None, world_size: int | None, name: str | None,
+                  timeout: float | None, name_arg: str = "name") -> tuple[int, int, str, float]:
+    """Rank, world size, job name and timeout from the arguments, else from the environment
+    (RANK, WORLD_SIZE, SHMCOMM_JOB or TORCHELASTIC_RUN_ID + MASTER_PORT, SHMCOMM_TIMEOUT).
+
+    Example::
+
+        rank, size, job, timeout = job_arguments(None, None, None, None)   # under shmrun
+    """
+    rank = _env_int("RANK") if rank is None else _rank_arg(rank, "rank")
+    world_size = _env_int("WORLD_SIZE") if world_size is None else _rank_arg(world_size, "world_size")
+    job = _env_job() if name is None else name
+    if not isinstance(job, str) or not job:
+        raise ValueError(f"{name_arg} must be a non-empty string, got {job!r}")
+    if timeout is None:
+        timeout = float(os.environ.get("SHMCOMM_TIMEOUT", DEFAULT_TIMEOUT))
+    return rank, world_size, job, float(timeout)
+
+
 def init_process_group(rank: int | None = None, world_size: int | None = None, name: str | None = None,
                        timeout: float | None = None) -> ProcessGroup:
     """Join the default group; missing arguments come from RANK, WORLD_SIZE and SHMCOMM_JOB.
@@ -415,14 +434,8 @@ def init_process_group(rank: int | None = None, world_size: int | None = None, n
     with _lock:
         if _default is not None:
             raise ValueError("init_process_group was already called; destroy_process_group() first")
-        rank = _env_int("RANK") if rank is None else _rank_arg(rank, "rank")
-        world_size = _env_int("WORLD_SIZE") if world_size is None else _rank_arg(world_size, "world_size")
-        job = _env_job() if name is None else name
-        if not isinstance(job, str) or not job:
-            raise ValueError(f"name must be a non-empty string, got {job!r}")
-        if timeout is None:
-            timeout = float(os.environ.get("SHMCOMM_TIMEOUT", DEFAULT_TIMEOUT))
-        comm = _core.Communicator(job, "g0", rank, world_size, float(timeout))
+        rank, world_size, job, timeout = job_arguments(rank, world_size, name, timeout)
+        comm = _core.Communicator(job, "g0", rank, world_size, timeout)
         _default = ProcessGroup(comm, range(world_size), f"{job}.g0")
         _groups.append(_default)
         return _default

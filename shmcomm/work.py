@@ -153,14 +153,6 @@ class Work:
         return f"<shmcomm.Work {state}>"
 
 
-def completed_work(outputs: list, source: int = -1) -> Work:
-    """A Work that is already done (synchronous results handed out as Work)."""
-    work = Work(None, (), outputs)
-    work._source = source
-    work._future.set_result(outputs)
-    return work
-
-
 class OpQueue:
     """Runs one group's operations in issue order on a lazily started daemon thread."""
 

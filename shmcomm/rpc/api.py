@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import os
 import threading
 import time
 
@@ -45,7 +44,7 @@ def init_rpc(name: str, rank: int | None = None, world_size: int | None = None, 
         rpc.shutdown()
     """
     global _agent, _atexit_registered
-    from shmcomm.group import _env_int, _env_job
+    from shmcomm.group import job_arguments
 
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty string, got {name!r}")
@@ -53,13 +52,7 @@ def init_rpc(name: str, rank: int | None = None, world_size: int | None = None, 
     if rpc_backend_options is not None:
         rpc_timeout = float(getattr(rpc_backend_options, "rpc_timeout", rpc_timeout))
         num_worker_threads = int(getattr(rpc_backend_options, "num_worker_threads", num_worker_threads))
-    rank = _env_int("RANK") if rank is None else _int_arg(rank, "rank")
-    world_size = _env_int("WORLD_SIZE") if world_size is None else _int_arg(world_size, "world_size")
-    job = _env_job() if job is None else job
-    if not isinstance(job, str) or not job:
-        raise ValueError(f"job must be a non-empty string, got {job!r}")
-    if timeout is None:
-        timeout = float(os.environ.get("SHMCOMM_TIMEOUT", 300.0))
+    rank, world_size, job, timeout = job_arguments(rank, world_size, job, timeout, name_arg="job")
     if not rpc_timeout >= 0:
         raise ValueError(f"rpc_timeout must be >= 0 seconds (0: none), got {rpc_timeout}")
     if _int_arg(num_worker_threads, "num_worker_threads") < 1:

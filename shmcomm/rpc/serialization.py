@@ -174,12 +174,7 @@ def _function_key(func):
         module, qualname = getattr(func, "__module__", None), getattr(func, "__qualname__", None)
         if not module or not qualname or "<" in qualname:
             return None
-        try:
-            obj = importlib.import_module(module)
-            for part in qualname.split("."):
-                obj = getattr(obj, part)
-        except Exception:  # noqa: BLE001
-            return None
+        obj = _resolve(module, qualname)
         if obj is not func:
             return None
         key = _fn_keys[func] = (module, qualname)
@@ -371,13 +366,19 @@ def _safe_str(exc) -> str:
         return f"<unprintable {type(exc).__name__}>"
 
 
-def _find_type(module: str, qualname: str):
+def _resolve(module: str, qualname: str):
+    """The object named ``module.qualname``, or None if it cannot be imported."""
     try:
         obj = importlib.import_module(module)
         for part in qualname.split("."):
             obj = getattr(obj, part)
     except Exception:  # noqa: BLE001
         return None
+    return obj
+
+
+def _find_type(module: str, qualname: str):
+    obj = _resolve(module, qualname)
     return obj if isinstance(obj, type) and issubclass(obj, BaseException) else None
 
 
