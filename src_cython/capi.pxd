@@ -55,6 +55,9 @@ cdef extern from "shm_layout.h" nogil:
         uint64_t head
         uint64_t tail
 
+    void shm_ring_put(char *data, size_t cap, uint64_t pos, const char *src, size_t n)
+    void shm_ring_get(char *dst, const char *data, size_t cap, uint64_t pos, size_t n)
+
 
 cdef extern from "reduce_kernels.h" nogil:
     enum:

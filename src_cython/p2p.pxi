@@ -166,7 +166,7 @@ cdef class P2PEngine:
         cdef capi.shm_ring_t *ring = c.ring(c.rank, dst)
         cdef char *data = <char *>ring + SHM_RING_CTRL_BYTES
         cdef uint64_t head = ring.head, tail = capi.shm_load_acquire64(&ring.tail)
-        cdef size_t cap = c.ring_bytes, room = cap - <size_t>(head - tail), n, pos, first, k
+        cdef size_t cap = c.ring_bytes, room = cap - <size_t>(head - tail), n
         cdef const char *src
         if room == 0:
             return False
@@ -176,12 +176,8 @@ cdef class P2PEngine:
             else:
                 src, n = op.ptr + (op.done - MSG_HEADER_BYTES), op.total - op.done
             n = min(n, room)
-            pos = head % cap
-            first = min(n, cap - pos)
             with nogil:
-                memcpy(data + pos, src, first)
-                if n > first:
-                    memcpy(data, src + first, n - first)
+                capi.shm_ring_put(data, cap, head, src, n)
             head += n
             room -= n
             op.done += n
@@ -195,16 +191,12 @@ cdef class P2PEngine:
         cdef capi.shm_ring_t *ring = c.ring(src, c.rank)
         cdef char *data = <char *>ring + SHM_RING_CTRL_BYTES
         cdef uint64_t tail = ring.tail, head = capi.shm_load_acquire64(&ring.head)
-        cdef size_t cap = c.ring_bytes, n = min(want, <size_t>(head - tail)), pos, first
+        cdef size_t cap = c.ring_bytes, n = min(want, <size_t>(head - tail))
         if n == 0:
             return 0
-        pos = tail % cap
-        first = min(n, cap - pos)
         if dst != NULL:
             with nogil:
-                memcpy(dst, data + pos, first)
-                if n > first:
-                    memcpy(dst + first, data, n - first)
+                capi.shm_ring_get(dst, data, cap, tail, n)
         capi.shm_store_release64(&ring.tail, tail + n)
         capi.shm_ring_bell(&c.cb(src).bell, &c.cb(src).bell_waiters)
         return n

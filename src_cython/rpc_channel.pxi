@@ -242,7 +242,7 @@ cdef class RpcChannel:
                     uint64_t deadline) noexcept nogil:
         cdef capi.shm_ring_t *ring = self.ring(self.rank, dst)
         cdef char *data = <char *>ring + SHM_RING_CTRL_BYTES
-        cdef size_t cap = self.ring_bytes, room, n, pos, first, off
+        cdef size_t cap = self.ring_bytes, room, n, off
         cdef size_t chunk = max(<size_t>4096, min(cap // 4, self.publish_bytes))
         cdef uint64_t start = ring.head, head = start, published = start, tail, stall
         cdef uint32_t *peer_bell = self.bell(dst)
@@ -274,11 +274,7 @@ cdef class RpcChannel:
                         return RPC_STALLED
                     continue
                 n = min(lens[p] - off, room, chunk)
-                pos = head % cap
-                first = min(n, cap - pos)
-                memcpy(data + pos, ptrs[p] + off, first)
-                if n > first:
-                    memcpy(data, ptrs[p] + off + first, n - first)
+                capi.shm_ring_put(data, cap, head, ptrs[p] + off, n)
                 head += n
                 off += n
                 if head - published >= chunk:
@@ -405,10 +401,7 @@ cdef class RpcChannel:
         cdef char *data = <char *>ring + SHM_RING_CTRL_BYTES
         cdef size_t cap = self.ring_bytes
         cdef uint64_t tail = ring.tail
-        cdef size_t pos = tail % cap, first = min(n, cap - pos)
-        memcpy(dst, data + pos, first)
-        if n > first:
-            memcpy(dst + first, data, n - first)
+        capi.shm_ring_get(dst, data, cap, tail, n)
         capi.shm_store_release64(&ring.tail, tail + n)
         # A full fence before reading room_wanted (see shm_wait_geq): the sender either sees the
         # new tail or is counted here.

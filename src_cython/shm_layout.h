@@ -7,6 +7,7 @@
 #define SHMCOMM_LAYOUT_H
 
 #include <stdint.h>
+#include <string.h>
 
 #define SHM_MAGIC 0x006D6D6F636D6873ull /* "shmcomm\0" */
 #define SHM_VERSION 1u
@@ -54,6 +55,20 @@ typedef struct {
     uint64_t tail;           /* 128: bytes consumed, by the receiver */
     char pad1[120];
 } shm_ring_t;
+
+/* Copy n bytes into / out of a ring's data area at stream position pos, wrapping at cap.
+ * Callers check room / availability and publish head / tail themselves. */
+static inline void shm_ring_put(char *data, size_t cap, uint64_t pos, const char *src, size_t n) {
+    size_t at = (size_t)(pos % cap), first = n < cap - at ? n : cap - at;
+    memcpy(data + at, src, first);
+    if (n > first) memcpy(data, src + first, n - first);
+}
+
+static inline void shm_ring_get(char *dst, const char *data, size_t cap, uint64_t pos, size_t n) {
+    size_t at = (size_t)(pos % cap), first = n < cap - at ? n : cap - at;
+    memcpy(dst, data + at, first);
+    if (n > first) memcpy(dst + first, data, n - first);
+}
 
 _Static_assert(sizeof(shm_header_t) <= SHM_HEADER_BYTES, "header too large");
 _Static_assert(sizeof(shm_cb_t) == SHM_CB_BYTES, "control block size");
