@@ -41,7 +41,7 @@ class ProcessGroup:
         self._comm = comm
         self._global_ranks = list(global_ranks)
         self._name = name
-        self._ops = OpQueue(name)
+        self._ops = OpQueue(name, comm)
         self._p2p = _core.P2PEngine(comm)
         self._subgroups = 0
         self._destroyed = False

@@ -40,8 +40,9 @@ def op_code(op) -> int:
         >>> op_code("max"), op_code(ReduceOp.SUM)
         (3, 0)
     """
-    if isinstance(op, ReduceOp):
-        return int(op)
+    code = _CODES.get(op) if op.__class__ is ReduceOp else None
+    if code is not None:
+        return code
     if isinstance(op, str):
         try:
             return int(ReduceOp[op.upper()])
@@ -54,3 +55,6 @@ def op_code(op) -> int:
         if name.upper() in ReduceOp.__members__:
             return int(ReduceOp[name.upper()])
     raise ValueError(f"op must be one of {[m.name for m in ReduceOp]}, got {op!r}")
+
+
+_CODES = {member: int(member) for member in ReduceOp}

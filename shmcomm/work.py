@@ -156,8 +156,9 @@ class Work:
 class OpQueue:
     """Runs one group's operations in issue order on a lazily started daemon thread."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, comm=None):
         self._name = name
+        self._comm = comm  # told when its ops run in the background, so its waits sleep sooner
         self._queue: queue.Queue[Work | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         # Each counter has one writer (the issuing thread, the worker), so no lock is needed and
@@ -183,7 +184,13 @@ class OpQueue:
             try:
                 if work is None:
                     return
-                work._run()
+                if self._comm is not None:
+                    self._comm.background = True
+                try:
+                    work._run()
+                finally:
+                    if self._comm is not None:
+                        self._comm.background = False
             finally:
                 if work is not None:
                     self.completed += 1
