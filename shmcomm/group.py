@@ -358,6 +358,8 @@ def _each(fn, code):
 
 
 def _rank_arg(value, argname: str) -> int:
+    if value.__class__ is int:  # the common case, checked first: this is on every call's path
+        return value
     if isinstance(value, bool) or not isinstance(value, int):
         try:
             import operator
