@@ -18,6 +18,7 @@ cdef extern from "shm_sync.h" nogil:
                      uint64_t spin_ns, int yields, uint64_t sleep_ns)
     int shm_pidfd_open(int pid)
     int shm_pidfd_exited(int pidfd)
+    int shm_cma_read(int pid, void *dst, uint64_t remote, size_t n)
 
 
 cdef extern from "shm_layout.h" nogil:
@@ -41,12 +42,15 @@ cdef extern from "shm_layout.h" nogil:
         char job[128]
         char boot_id[64]
         char hostname[64]
+        uint64_t small_bytes
+        uint64_t cma_bytes
 
     ctypedef struct shm_cb_t:
         uint32_t seq
         uint32_t seq_waiters
         int32_t pid
         uint32_t state
+        uint64_t probe_addr
         uint64_t desc[2][8]
         uint32_t bell
         uint32_t bell_waiters

@@ -97,6 +97,8 @@ cdef class Communicator:
     cdef int heap_count
     cdef list heaps            # (weakref to Segment, heap id, stride) of sc.empty segments
     cdef size_t heap_stride_now
+    cdef bint cma_ok              # single-copy reads from peers work here (probed at start)
+    cdef readonly size_t cma_bytes  # pieces at least this large use them
     cdef public bint background  # ops run on the progress thread (set by shmcomm.work.OpQueue)
 
     def __cinit__(self):
@@ -192,6 +194,8 @@ cdef class Communicator:
             self.hdr.slot_bytes = self.slot_bytes
             self.hdr.ring_bytes = self.ring_bytes
             self.hdr.creator_pid = getpid()
+            self.hdr.small_bytes = self.small_bytes
+            self.hdr.cma_bytes = _env_bytes("SHMCOMM_CMA_BYTES", 256 << 10, 0)
             self.hdr.nonce = int.from_bytes(os.urandom(8), "little")
             _copy_text(self.hdr.job, self.job, 127)
             _copy_text(self.hdr.boot_id, boot, 63)
@@ -210,6 +214,21 @@ cdef class Communicator:
             self.pids[r] = self.cb(r).pid
             if r != self.rank:
                 self.pidfds[r] = capi.shm_pidfd_open(self.pids[r])
+        # Algorithm choices depend on these, so every rank takes rank 0's values.
+        self.small_bytes = self.hdr.small_bytes
+        self.cma_bytes = self.hdr.cma_bytes
+        self.cma_ok = self.cma_bytes > 0 and self._probe_cma()
+
+    cdef bint _probe_cma(self):
+        """Can this rank read every peer's memory directly (same user, no ptrace restriction)?"""
+        cdef int32_t seen
+        for r in range(self.size):
+            if r != self.rank:
+                seen = 0
+                if capi.shm_cma_read(self.pids[r], &seen, self.cb(r).probe_addr, sizeof(seen)) != 0 \
+                        or seen != self.pids[r]:
+                    return False
+        return True
 
     cdef _attach(self, str name, double deadline, str host, str boot):
         cdef Segment seg
@@ -256,6 +275,7 @@ cdef class Communicator:
             raise ShmcommError(f"rank {self.rank} of job {self.job!r} is already taken by pid "
                                f"{me.pid}: two processes were given the same rank")
         me.pid = getpid()
+        me.probe_addr = <uint64_t>&me.pid
         capi.shm_store_seq_cst(&me.state, SHM_RANK_ATTACHED)
         cdef uint32_t joined = capi.shm_fetch_add(&self.hdr.attached, 1) + 1
         capi.shm_futex_wake_all(&self.hdr.attached)
@@ -484,11 +504,54 @@ cdef class Communicator:
         self._step()  # every slice written before anyone returns
         return 0
 
+    # ---- single copy: peers read each other's arrays in place ----------------------------------
+    # For large pieces every rank publishes a table of its array addresses with the descriptor;
+    # if every rank can read every other's memory (cross-memory attach), each pulls what it needs
+    # straight into its output, and a last step keeps the sources untouched until all are done.
+    cdef bint _publish_table(self, char **table, int ntable) except -1 nogil:
+        """One step carrying the descriptor and [cma_ok, table...]; True if single copy is on."""
+        cdef uint32_t s = self.next_step()
+        cdef uint64_t *mine = <uint64_t *>self.slot(self.rank, s)
+        cdef int i, q
+        mine[0] = self.cma_ok
+        for i in range(ntable):
+            mine[1 + i] = <uint64_t>table[i] if table != NULL else 0
+        self._step()
+        self._check_desc()
+        for q in range(self.size):
+            if not (<uint64_t *>self.slot(q, s))[0]:
+                return False
+        return True
+
+    cdef inline uint64_t _peer_entry(self, int q, int i) noexcept nogil:
+        return (<uint64_t *>self.slot(q, self.step))[1 + i]
+
+    cdef int _pull(self, int q, char *dst, uint64_t remote, size_t n) except -1 nogil:
+        cdef int err
+        if n == 0:
+            return 0
+        err = capi.shm_cma_read(self.pids[q], dst, remote, n)
+        if err:
+            with gil:
+                if err == 3:  # ESRCH
+                    raise self._fail(PeerFailureError(f"{self.op_name}: rank {q} (pid {self.pids[q]}) "
+                                                      f"died", q, self.pids[q]))
+                raise self._fail(ShmcommError(f"{self.op_name}: reading rank {q}'s memory failed: "
+                                              f"{_os_error_text(err)}"))
+        return 0
+
     cdef int _broadcast(self, char *ptr, size_t nbytes, int dtype, int root) except -1 nogil:
         cdef uint32_t s
         cdef size_t off = 0, c
         cdef bint first = True
         self._set_desc(K_BROADCAST, dtype, nbytes, root, 0)
+        if nbytes >= self.cma_bytes > 0:
+            first = False
+            if self._publish_table(&ptr, 1):
+                if self.rank != root:
+                    self._pull(root, ptr, self._peer_entry(root, 0), nbytes)
+                self._step()
+                return 0
         while first or off < nbytes:
             c = min(self.slot_bytes, nbytes - off)
             s = self.next_step()
@@ -510,6 +573,17 @@ cdef class Communicator:
         cdef int i, q, n = self.size
         cdef bint first = True, wants = root < 0 or root == self.rank
         self._set_desc(K_ALL_GATHER if root < 0 else K_GATHER, dtype, nbytes, <uint64_t>root, 0)
+        if nbytes >= self.cma_bytes > 0:
+            first = False
+            if self._publish_table(&inp, 1):
+                if wants:
+                    for i in range(1, n):
+                        q = (self.rank + i) % n
+                        self._pull(q, outs[q], self._peer_entry(q, 0), nbytes)
+                    if outs[self.rank] != inp:
+                        memmove(outs[self.rank], inp, nbytes)
+                self._step()
+                return 0
         while first or off < nbytes:
             c = min(self.slot_bytes, nbytes - off)
             s = self.next_step()
@@ -535,6 +609,16 @@ cdef class Communicator:
         cdef int q
         cdef bint first = True
         self._set_desc(K_SCATTER, dtype, nbytes, root, 0)
+        if nbytes >= self.cma_bytes > 0:
+            first = False
+            if self._publish_table(ins if self.rank == root else NULL, self.size):
+                if self.rank == root:
+                    if out != ins[root]:
+                        memmove(out, ins[root], nbytes)
+                else:
+                    self._pull(root, out, self._peer_entry(root, self.rank), nbytes)
+                self._step()
+                return 0
         while first or off < nbytes:
             c = min(cap, nbytes - off)
             s = self.next_step()
@@ -587,13 +671,23 @@ cdef class Communicator:
         """outs[q] <- peer q's ins[rank]. Uniform: every piece in_bytes[0] bytes. Otherwise a first
         step exchanges every rank's split sizes so each rank checks the whole matrix."""
         cdef uint32_t s
-        cdef int q, a, b, n = self.size
+        cdef int q, a, b, i, n = self.size
         cdef size_t cap = (self.slot_bytes // n) // 64 * 64, off = 0, c, most = 0, pending
         cdef uint64_t *sizes
         cdef bint first = True
         if uniform:
             most = in_bytes[0]
             self._set_desc(K_ALL_TO_ALL, dtype, most, 0, 0)
+            if most >= self.cma_bytes > 0:
+                first = False
+                if self._publish_table(ins, n):
+                    for i in range(1, n):
+                        q = (self.rank + i) % n
+                        self._pull(q, outs[q], self._peer_entry(q, self.rank), most)
+                    if outs[self.rank] != ins[self.rank]:
+                        memmove(outs[self.rank], ins[self.rank], most)
+                    self._step()
+                    return 0
         else:
             self._set_desc(K_ALL_TO_ALL_V, dtype, 0, 0, 0)
             s = self.next_step()

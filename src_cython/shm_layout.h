@@ -10,7 +10,7 @@
 #include <string.h>
 
 #define SHM_MAGIC 0x006D6D6F636D6873ull /* "shmcomm\0" */
-#define SHM_VERSION 1u
+#define SHM_VERSION 2u
 #define SHM_HEADER_BYTES 4096
 #define SHM_CB_BYTES 512
 #define SHM_RING_CTRL_BYTES 256
@@ -33,6 +33,8 @@ typedef struct {
     char job[128];           /* 64 */
     char boot_id[64];        /* 192 */
     char hostname[64];       /* 256 */
+    uint64_t small_bytes;    /* 320: thresholds every rank must share (rank 0's settings win) */
+    uint64_t cma_bytes;      /* 328 */
 } shm_header_t;
 
 /* One rank's control block: each group of fields on its own 128-byte line. */
@@ -41,7 +43,8 @@ typedef struct {
     uint32_t seq_waiters;    /* 4 */
     int32_t pid;             /* 8 */
     uint32_t state;          /* 12: SHM_RANK_* */
-    char pad0[112];
+    uint64_t probe_addr;     /* 16: address of `pid` in this rank's own mapping (single-copy probe) */
+    char pad0[104];
     uint64_t desc[2][SHM_DESC_WORDS]; /* 128: what collective this rank called, by step parity */
     uint32_t bell;           /* 256: rung when a ring to or from this rank moves (futex word) */
     uint32_t bell_waiters;   /* 260 */

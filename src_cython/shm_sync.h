@@ -16,6 +16,7 @@
 #include <sched.h>
 #include <stdint.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -32,6 +33,24 @@ static inline void shm_cpu_relax(void) {
     __builtin_ia32_pause();
 #elif defined(__aarch64__)
     __asm__ __volatile__("yield" ::: "memory");
+/* Single copy between processes (Linux cross-memory attach): read n bytes at `remote` in process
+ * pid into dst. Returns 0 or an errno (ESRCH: the process is gone; EPERM: not allowed here). */
+static inline int shm_cma_read(int pid, void *dst, uint64_t remote, size_t n) {
+    while (n) {
+        struct iovec local = {dst, n}, far = {(void *)(uintptr_t)remote, n};
+        ssize_t got = process_vm_readv(pid, &local, 1, &far, 1, 0);
+        if (got < 0) {
+            if (errno == EINTR) continue;
+            return errno;
+        }
+        if (got == 0) return EFAULT;
+        dst = (char *)dst + got;
+        remote += (uint64_t)got;
+        n -= (size_t)got;
+    }
+    return 0;
+}
+
 #endif
 }
 
@@ -98,12 +117,48 @@ static inline int shm_pidfd_open(int pid) {
 #else
     errno = ENOSYS;
     return -1;
+/* Single copy between processes (Linux cross-memory attach): read n bytes at `remote` in process
+ * pid into dst. Returns 0 or an errno (ESRCH: the process is gone; EPERM: not allowed here). */
+static inline int shm_cma_read(int pid, void *dst, uint64_t remote, size_t n) {
+    while (n) {
+        struct iovec local = {dst, n}, far = {(void *)(uintptr_t)remote, n};
+        ssize_t got = process_vm_readv(pid, &local, 1, &far, 1, 0);
+        if (got < 0) {
+            if (errno == EINTR) continue;
+            return errno;
+        }
+        if (got == 0) return EFAULT;
+        dst = (char *)dst + got;
+        remote += (uint64_t)got;
+        n -= (size_t)got;
+    }
+    return 0;
+}
+
 #endif
 }
 
 static inline int shm_pidfd_exited(int pidfd) {
     struct pollfd p = {pidfd, POLLIN, 0};
     return poll(&p, 1, 0) > 0;
+}
+
+/* Single copy between processes (Linux cross-memory attach): read n bytes at `remote` in process
+ * pid into dst. Returns 0 or an errno (ESRCH: the process is gone; EPERM: not allowed here). */
+static inline int shm_cma_read(int pid, void *dst, uint64_t remote, size_t n) {
+    while (n) {
+        struct iovec local = {dst, n}, far = {(void *)(uintptr_t)remote, n};
+        ssize_t got = process_vm_readv(pid, &local, 1, &far, 1, 0);
+        if (got < 0) {
+            if (errno == EINTR) continue;
+            return errno;
+        }
+        if (got == 0) return EFAULT;
+        dst = (char *)dst + got;
+        remote += (uint64_t)got;
+        n -= (size_t)got;
+    }
+    return 0;
 }
 
 #endif

@@ -128,6 +128,39 @@ def test_data_movement_pipelined(world):
     assert all(run_ranks(_movement, world, [5000], timeout=170, env=PIPELINED))
 
 
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("world", [2, 3])
+def test_data_movement_single_copy(world):
+    """Pieces above SHMCOMM_CMA_BYTES are read from peers' memory directly."""
+    assert all(run_ranks(_movement, world, [300, 5000], timeout=170, env={"SHMCOMM_CMA_BYTES": 1024}))
+
+
+def _thresholds_follow_rank_zero(rank, size):
+    x = np.arange(50_000, dtype=np.float64) * (rank + 1)
+    sc.all_reduce(x)
+    outs = [np.empty(50_000) for _ in range(size)]
+    sc.all_gather(outs, np.full(50_000, float(rank)))
+    assert all((outs[q] == q).all() for q in range(size))
+    return bool((x == np.arange(50_000) * sum(range(1, size + 1))).all())
+
+
+@pytest.mark.timeout(60)
+def test_ranks_with_different_settings_use_rank_zeros(monkeypatch):
+    """Algorithm thresholds set differently per rank must not split the ranks' step sequences."""
+    import os
+
+    def run(rank, size):
+        os.environ["SHMCOMM_SMALL_BYTES"] = str(1 << 20) if rank else "64"
+        os.environ["SHMCOMM_CMA_BYTES"] = "0" if rank else "1024"
+        sc.init_process_group(rank=rank, world_size=size, name=f"thr-{os.getppid()}", timeout=30)
+        try:
+            return _thresholds_follow_rank_zero(rank, size)
+        finally:
+            sc.destroy_process_group()
+
+    assert all(run_ranks(run, 3, init=False))
+
+
 def _inputs_of_every_kind(rank, size):
     import array
 
