@@ -1,0 +1,225 @@
+"""The torch.distributed backend "shmcomm", tested through torch's public API on real processes.
+
+Ranks are forked by ``tests/harness.py`` and rendezvous through a FileStore; the launcher tests run
+unchanged scripts from ``tests/torch_scripts`` under torchrun and shmrun. The value checks shared
+by both live in ``tests/torch_scripts/checks.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available():
+    pytest.skip("torch was built without torch.distributed", allow_module_level=True)
+
+import shmcomm  # noqa: E402
+import shmcomm.torch as shm_torch  # noqa: E402
+from harness import run_ranks  # noqa: E402
+
+SCRIPTS = Path(__file__).parent / "torch_scripts"
+sys.path.insert(0, str(SCRIPTS))
+import checks  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def torch_ranks(fn, size, store_dir, *args, backend="shmcomm", timeout=90.0, **kw):
+    """Run ``fn(rank, size, *args)`` on ``size`` forked ranks inside an initialized torch group."""
+    store = str(store_dir / f"store-{fn.__name__}-{size}")
+
+    def body(rank, size, *args):
+        torch.set_num_threads(1)  # forked children: keep OpenMP out of the picture
+        dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=size,
+                                timeout=timedelta(seconds=60))
+        try:
+            return fn(rank, size, *args)
+        finally:
+            dist.destroy_process_group()
+
+    return run_ranks(body, size, *args, init=False, timeout=timeout, **kw)
+
+
+def run_script(cmd: list[str], timeout: float = 150) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
+    return subprocess.run(cmd, cwd=str(SCRIPTS), env=env, capture_output=True, text=True, timeout=timeout)
+
+
+# ---- registration ------------------------------------------------------------------------------
+@pytest.mark.timeout(60)
+def test_import_torch_registers_quietly():
+    """The entry point registers the backend inside `import torch` and prints nothing."""
+    code = ("import torch, torch.distributed as d; "
+            "assert 'shmcomm' in d.Backend.backend_list, d.Backend.backend_list; "
+            "assert d.Backend.SHMCOMM == 'shmcomm'; "
+            "assert d.Backend.default_device_backend_map['cpu'] == 'gloo'")
+    proc = run_script([sys.executable, "-c", "import torch"])
+    assert proc.returncode == 0 and proc.stdout == "" and proc.stderr == "", proc
+    proc = run_script([sys.executable, "-W", "error", "-c", code])
+    assert proc.returncode == 0, proc.stderr
+    # By hand, before torch: the entry point then runs while shmcomm.torch is half imported.
+    proc = run_script([sys.executable, "-W", "error", "-c", "import shmcomm.torch; " + code])
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.timeout(10)
+def test_register_is_idempotent_and_documented():
+    shm_torch.register()
+    shm_torch.register()
+    assert dist.Backend.backend_list.count("shmcomm") == 1
+    assert shm_torch.__doc__ and "::" in shm_torch.__doc__
+    for name in shm_torch.__all__:
+        obj = getattr(shm_torch, name)
+        if not callable(obj):
+            continue
+        assert obj.__doc__ and "::" in obj.__doc__, f"{name} needs a docstring with an example"
+        for attr, member in vars(obj).items() if isinstance(obj, type) else ():
+            if callable(member) and not attr.startswith("_"):
+                assert member.__doc__ and "::" in member.__doc__, f"{name}.{attr} needs an example"
+
+
+# ---- every operation, checked for values ---------------------------------------------------------
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("size", [2, 3])
+def test_every_operation(size, tmp_path):
+    counts = torch_ranks(lambda r, n: checks.run_all(r, n), size, tmp_path, timeout=140)
+    assert all(c > 100 for c in counts), counts
+
+
+@pytest.mark.timeout(60)
+def test_async_ops_run_in_issue_order(tmp_path):
+    def fn(rank, size):
+        works, ts = [], []
+        for i in range(20):
+            t = torch.full((1000,), float(rank + i))
+            ts.append(t)
+            works.append(dist.all_reduce(t, async_op=True))
+        works.append(dist.broadcast(ts[0], src=1, async_op=True))
+        futs = [w.get_future() for w in works]
+        torch.futures.wait_all(futs)
+        for i, t in enumerate(ts[1:], 1):
+            assert torch.equal(t, torch.full((1000,), float(2 * i + 1))), i
+        assert torch.equal(ts[0], torch.full((1000,), 1.0))
+        return True
+
+    torch_ranks(fn, 2, tmp_path)
+
+
+# ---- errors ---------------------------------------------------------------------------------------
+@pytest.mark.timeout(60)
+def test_mismatch_raises_from_call_wait_and_future(tmp_path):
+    def fn(rank, size):
+        seen = []
+        try:
+            dist.all_reduce(torch.ones(4 + rank))
+        except shmcomm.CollectiveMismatchError as exc:
+            seen.append(type(exc).__name__)
+        return seen
+
+    assert torch_ranks(fn, 2, tmp_path) == [["CollectiveMismatchError"]] * 2
+
+    def fn_async(rank, size):
+        work = dist.broadcast(torch.ones(3 + rank), src=0, async_op=True)
+        with pytest.raises(shmcomm.CollectiveMismatchError):
+            work.wait()
+        assert work.is_completed() and not work.is_success()
+        assert isinstance(work.exception(), shmcomm.CollectiveMismatchError)
+        with pytest.raises(Exception, match="different collectives"):
+            work.get_future().wait()
+        return True
+
+    torch_ranks(fn_async, 2, tmp_path)
+
+
+@pytest.mark.timeout(60)
+def test_peer_death_raises_peer_failure(tmp_path):
+    def fn(rank, size):
+        dist.barrier()
+        if rank == 1:
+            os._exit(3)
+        with pytest.raises(shmcomm.PeerFailureError) as info:
+            dist.all_reduce(torch.ones(8))
+        assert info.value.rank == 1
+        return True
+
+    results = torch_ranks(fn, 2, tmp_path, expect_dead=(1,))
+    assert results[0] is True
+
+
+@pytest.mark.timeout(60)
+def test_bad_arguments_raise_clear_errors(tmp_path):
+    def fn(rank, size):
+        with pytest.raises(ValueError, match="PREMUL_SUM"):
+            dist.all_reduce(torch.ones(2), op=dist._make_nccl_premul_sum(2.0))
+        with pytest.raises(TypeError, match="cannot reduce dtype"):
+            dist.all_reduce(torch.zeros(2, dtype=torch.float8_e4m3fn))
+        with pytest.raises(TypeError, match="AVG"):
+            dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.AVG)
+        dist.barrier()   # the group still works afterwards
+        t = torch.ones(2)
+        dist.all_reduce(t)
+        assert torch.equal(t, torch.full((2,), 2.0))
+        return True
+
+    torch_ranks(fn, 2, tmp_path)
+
+
+@pytest.mark.timeout(30)
+def test_ranks_on_other_hosts_are_refused():
+    """Rendezvous compares every rank's host identity and names the odd one out."""
+    store = dist.HashStore()
+    store.add("shmcomm/joined", 1)                     # rank 1, "on another machine", came first
+    store.set("shmcomm/0/host/1", "elsewhere (boot id 1234)")
+    with pytest.raises(shmcomm.ShmcommError, match="one machine.*rank 1 on elsewhere"):
+        shm_torch._rendezvous(store, 0, 2, "0")
+
+
+@pytest.mark.timeout(30)
+def test_rendezvous_names_each_incarnation_apart():
+    store = dist.HashStore()
+    first = shm_torch._rendezvous(store, 0, 1, "0")
+    second = shm_torch._rendezvous(store, 0, 1, "0")
+    assert first != second and first.startswith("torch-0-")
+
+
+# ---- DDP ---------------------------------------------------------------------------------------
+@pytest.mark.timeout(120)
+def test_ddp_matches_gloo(tmp_path):
+    def fn(rank, size):
+        gloo = dist.new_group(backend="gloo")
+        ours = checks.train_ddp(rank)
+        theirs = checks.train_ddp(rank, group=gloo)
+        for a, b in zip(ours, theirs):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        return [t.sum().item() for t in ours[:len(list(checks.make_model().parameters()))]]
+
+    sums = torch_ranks(fn, 2, tmp_path, timeout=110)
+    assert sums[0] == sums[1]                          # replicas agree bit for bit
+
+
+# ---- launchers ------------------------------------------------------------------------------------
+@pytest.mark.timeout(180)
+def test_torchrun_all_ops_and_ddp():
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    proc = run_script(torchrun + ["all_ops.py"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count(" ok ") == 2, proc.stdout
+    proc = run_script(torchrun + ["ddp_compare.py"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("ddp ok") == 2, proc.stdout
+
+
+@pytest.mark.timeout(180)
+def test_shmrun_all_ops():
+    pytest.importorskip("shmcomm.launch")
+    proc = run_script([sys.executable, "-m", "shmcomm.launch", "-n", "2", "all_ops.py"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count(" ok ") == 2, proc.stdout
