@@ -9,6 +9,10 @@
 #ifndef SHMCOMM_SYNC_H
 #define SHMCOMM_SYNC_H
 
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* process_vm_readv (Python.h defines it too when included first) */
+#endif
+
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
@@ -33,24 +37,6 @@ static inline void shm_cpu_relax(void) {
     __builtin_ia32_pause();
 #elif defined(__aarch64__)
     __asm__ __volatile__("yield" ::: "memory");
-/* Single copy between processes (Linux cross-memory attach): read n bytes at `remote` in process
- * pid into dst. Returns 0 or an errno (ESRCH: the process is gone; EPERM: not allowed here). */
-static inline int shm_cma_read(int pid, void *dst, uint64_t remote, size_t n) {
-    while (n) {
-        struct iovec local = {dst, n}, far = {(void *)(uintptr_t)remote, n};
-        ssize_t got = process_vm_readv(pid, &local, 1, &far, 1, 0);
-        if (got < 0) {
-            if (errno == EINTR) continue;
-            return errno;
-        }
-        if (got == 0) return EFAULT;
-        dst = (char *)dst + got;
-        remote += (uint64_t)got;
-        n -= (size_t)got;
-    }
-    return 0;
-}
-
 #endif
 }
 
@@ -110,31 +96,13 @@ static inline int shm_wait_geq(uint32_t *word, uint32_t target, uint32_t *waiter
 }
 
 /* Peer liveness: a pidfd becomes readable when its process exits (zombies included, and immune to
- * pid reuse); without pidfds fall back to /proc/<pid>/stat. */
+ * pid reuse); without pidfds the caller falls back to kill(pid, 0). */
 static inline int shm_pidfd_open(int pid) {
 #ifdef SYS_pidfd_open
     return (int)syscall(SYS_pidfd_open, pid, 0);
 #else
     errno = ENOSYS;
     return -1;
-/* Single copy between processes (Linux cross-memory attach): read n bytes at `remote` in process
- * pid into dst. Returns 0 or an errno (ESRCH: the process is gone; EPERM: not allowed here). */
-static inline int shm_cma_read(int pid, void *dst, uint64_t remote, size_t n) {
-    while (n) {
-        struct iovec local = {dst, n}, far = {(void *)(uintptr_t)remote, n};
-        ssize_t got = process_vm_readv(pid, &local, 1, &far, 1, 0);
-        if (got < 0) {
-            if (errno == EINTR) continue;
-            return errno;
-        }
-        if (got == 0) return EFAULT;
-        dst = (char *)dst + got;
-        remote += (uint64_t)got;
-        n -= (size_t)got;
-    }
-    return 0;
-}
-
 #endif
 }
 
