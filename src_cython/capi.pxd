@@ -51,6 +51,7 @@ cdef extern from "shm_layout.h" nogil:
         int32_t pid
         uint32_t state
         uint64_t probe_addr
+        uint32_t cma_ok
         uint64_t desc[2][8]
         uint32_t bell
         uint32_t bell_waiters

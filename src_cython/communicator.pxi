@@ -218,6 +218,7 @@ cdef class Communicator:
         self.small_bytes = self.hdr.small_bytes
         self.cma_bytes = self.hdr.cma_bytes
         self.cma_ok = self.cma_bytes > 0 and self._probe_cma()
+        capi.shm_store_seq_cst(&self.cb(self.rank).cma_ok, self.cma_ok)  # senders of p2p look
 
     cdef bint _probe_cma(self):
         """Can this rank read every peer's memory directly (same user, no ptrace restriction)?"""

@@ -6,13 +6,21 @@
 # match messages in arrival order per sender and posting order per receive (MPI's non-overtaking
 # rule); a message no receive has asked for yet is copied into an "unexpected" buffer. Every ring
 # movement rings the peer's doorbell, the one futex word a blocked progress loop sleeps on.
+#
+# Large messages (SHMCOMM_CMA_BYTES and up, when both ranks can read each other's memory) send only
+# a header carrying the buffer's address: the receiver reads the payload straight from the
+# sender's memory into the receive buffer (one copy) and answers with an ACK header, which
+# completes the send. The sender's buffer must not change until then, as for any isend.
 import threading
 from collections import deque
 from libc.string cimport memcpy
 
 cdef enum:
-    MSG_HEADER_BYTES = 32
+    MSG_HEADER_BYTES = 48   # magic u32, dtype u32, tag i64, nbytes u64, kind u64, addr u64, id u64
     MSG_MAGIC = 0x4d534853  # "SHSM"
+    MSG_DATA = 0            # the payload follows in the ring
+    MSG_CMA = 1             # the payload stays at `addr` in the sender: read it from there
+    MSG_ACK = 2             # the CMA message `id` was read: its send is complete
 
 
 cdef class _SendOp:
@@ -21,8 +29,10 @@ cdef class _SendOp:
     cdef char *ptr
     cdef size_t total      # header + payload
     cdef size_t done
-    cdef unsigned char header[32]
+    cdef unsigned char header[48]
     cdef uint64_t deadline
+    cdef int dst
+    cdef bint waits_for_ack
 
 
 cdef class _RecvOp:
@@ -40,8 +50,11 @@ cdef class _RecvOp:
 cdef class _Incoming:
     """The message currently streaming in from one sender."""
     cdef int src
-    cdef unsigned char header[32]
+    cdef unsigned char header[48]
     cdef size_t header_got
+    cdef uint64_t kind
+    cdef uint64_t addr
+    cdef uint64_t msg_id
     cdef int64_t tag
     cdef size_t nbytes
     cdef int dtype
@@ -64,6 +77,8 @@ cdef class P2PEngine:
     cdef object thread
     cdef int pending
     cdef bint closed
+    cdef dict acks_due       # CMA message id -> _SendOp waiting for the receiver's ACK
+    cdef uint64_t next_id
 
     def __init__(self, Communicator comm):
         self.comm = comm
@@ -76,6 +91,8 @@ cdef class P2PEngine:
         self.thread = None
         self.pending = 0
         self.closed = False
+        self.acks_due = {}
+        self.next_id = 0
 
     # ---- posting ------------------------------------------------------------------------------
     def post_send(self, future, array, int dst, int64_t tag, bint background=True):
@@ -83,12 +100,12 @@ cdef class P2PEngine:
         cdef _SendOp op = _SendOp()
         op.owner = as_buf(array, &b, False, "array")
         self._check_peer(dst, "dst")
-        op.future, op.ptr, op.total, op.done = future, b.ptr, MSG_HEADER_BYTES + b.nbytes, 0
-        (<uint32_t *>op.header)[0] = MSG_MAGIC
-        (<uint32_t *>op.header)[1] = b.dtype
-        (<int64_t *>op.header)[1] = tag
-        (<uint64_t *>op.header)[2] = b.nbytes
-        (<uint64_t *>op.header)[3] = 0
+        op.future, op.ptr, op.total, op.done, op.dst = future, b.ptr, MSG_HEADER_BYTES + b.nbytes, 0, dst
+        kind = MSG_DATA
+        if b.nbytes >= self.comm.cma_bytes > 0 and self.comm.cma_ok and self.comm.cb(dst).cma_ok:
+            kind, op.total, op.waits_for_ack = MSG_CMA, MSG_HEADER_BYTES, True
+            self.next_id += 1
+        self._fill_header(op, b.dtype, tag, b.nbytes, kind, <uint64_t>b.ptr, self.next_id)
         op.deadline = self._deadline()
         with self.lock:
             self._check_open()
@@ -123,6 +140,27 @@ cdef class P2PEngine:
             if background:
                 self._kick()
 
+    cdef _fill_header(self, _SendOp op, int dtype, int64_t tag, uint64_t nbytes, uint64_t kind,
+                      uint64_t addr, uint64_t msg_id):
+        cdef uint64_t *h = <uint64_t *>op.header
+        (<uint32_t *>op.header)[0] = MSG_MAGIC
+        (<uint32_t *>op.header)[1] = dtype
+        (<int64_t *>op.header)[1] = tag
+        h[2], h[3], h[4], h[5] = nbytes, kind, addr, msg_id
+
+    cdef _send_ack(self, int src, uint64_t msg_id):
+        """Queue the ACK that completes CMA message `msg_id` of rank `src`."""
+        cdef _SendOp ack = _SendOp()
+        ack.total, ack.done, ack.dst, ack.deadline = MSG_HEADER_BYTES, 0, src, self._deadline()
+        self._fill_header(ack, 0, 0, 0, MSG_ACK, 0, msg_id)
+        if not self.sendq[src]:  # usually the ring has room: send it now, the sender is waiting
+            self._write(src, ack)
+            if ack.done == ack.total:
+                return
+        self.sendq[src].append(ack)
+        self.pending += 1
+        self._kick()  # a full ring: the progress thread delivers it
+
     cdef _check_peer(self, int r, str argname):
         if not 0 <= r < self.comm.size:
             raise ValueError(f"{argname} must be a rank in [0, {self.comm.size}), got {r}")
@@ -149,13 +187,18 @@ cdef class P2PEngine:
         """Move every byte that can move now; True if anything moved."""
         cdef bint moved = False
         cdef int r
+        cdef _SendOp sent
         for r in range(self.comm.size):
             while self.sendq[r]:
                 if self._write(r, <_SendOp>self.sendq[r][0]):
                     moved = True
                 if (<_SendOp>self.sendq[r][0]).done < (<_SendOp>self.sendq[r][0]).total:
                     break
-                self._finish((<_SendOp>self.sendq[r].popleft()).future, None, None, -1)
+                sent = <_SendOp>self.sendq[r].popleft()
+                if sent.waits_for_ack:  # the receiver still has to read the payload
+                    self.acks_due[(<uint64_t *>sent.header)[5]] = sent
+                else:
+                    self._finish(sent.future, None, None, -1)
         for r in range(self.comm.size):
             while self._read(r):
                 moved = True
@@ -219,6 +262,17 @@ cdef class P2PEngine:
             inc.dtype = (<uint32_t *>inc.header)[1]
             inc.tag = (<int64_t *>inc.header)[1]
             inc.nbytes = (<uint64_t *>inc.header)[2]
+            inc.kind = (<uint64_t *>inc.header)[3]
+            inc.addr = (<uint64_t *>inc.header)[4]
+            inc.msg_id = (<uint64_t *>inc.header)[5]
+            if inc.kind == MSG_ACK:
+                self.incoming[src] = None
+                acked = self.acks_due.pop(inc.msg_id, None)
+                if acked is not None:
+                    self._finish((<_SendOp>acked).future, None, None, -1)
+                return True
+            if inc.kind == MSG_CMA:
+                inc.got = inc.nbytes  # nothing more comes through the ring
             self._match(inc)
         if inc.got < inc.nbytes:
             if inc.buf is not None:
@@ -244,18 +298,28 @@ cdef class P2PEngine:
                 self.posted.remove(op)
                 inc.target = op
                 if op.nbytes != inc.nbytes or op.dtype != inc.dtype:
-                    inc.buf = bytearray(inc.nbytes)  # drain it, then fail the receive
+                    if inc.kind == MSG_DATA:
+                        inc.buf = bytearray(inc.nbytes)  # drain it, then fail the receive
                     inc.error = CollectiveMismatchError(
                         f"recv: rank {inc.src} sent {inc.nbytes} bytes of {DTYPE_NAMES[inc.dtype]} "
                         f"(tag {inc.tag}) into a buffer of {op.nbytes} bytes of {DTYPE_NAMES[op.dtype]}")
                 return
-        inc.buf = bytearray(inc.nbytes)
+        if inc.kind == MSG_DATA:
+            inc.buf = bytearray(inc.nbytes)
         self.unexpected.append(inc)
 
     cdef _deliver(self, _Incoming inc):
         cdef _RecvOp op = inc.target
         cdef char *src
-        if inc.error is None and inc.buf is not None:
+        if inc.kind == MSG_CMA:
+            if inc.error is None and (op.nbytes != inc.nbytes or op.dtype != inc.dtype):
+                inc.error = CollectiveMismatchError(
+                    f"recv: rank {inc.src} sent {inc.nbytes} bytes of {DTYPE_NAMES[inc.dtype]} "
+                    f"(tag {inc.tag}) into a buffer of {op.nbytes} bytes of {DTYPE_NAMES[op.dtype]}")
+            if inc.error is None:
+                inc.error = self._read_from_sender(inc, op.ptr)
+            self._send_ack(inc.src, inc.msg_id)
+        elif inc.error is None and inc.buf is not None:
             if op.nbytes != inc.nbytes or op.dtype != inc.dtype:
                 inc.error = CollectiveMismatchError(
                     f"recv: rank {inc.src} sent {inc.nbytes} bytes of {DTYPE_NAMES[inc.dtype]} "
@@ -265,8 +329,26 @@ cdef class P2PEngine:
                 memcpy(op.ptr, src, inc.nbytes)
         self._finish(op.future, inc.error, op.work, inc.src)
 
+    cdef object _read_from_sender(self, _Incoming inc, char *dst):
+        """Copy a CMA message's payload out of the sender's memory; returns an error or None."""
+        cdef int err = 0, pid = self.comm.pids[inc.src]
+        cdef uint64_t addr = inc.addr
+        cdef size_t n = inc.nbytes
+        if inc.src == self.comm.rank:
+            memcpy(dst, <char *>addr, n)
+            return None
+        with nogil:
+            err = capi.shm_cma_read(pid, dst, addr, n)
+        if err == 0:
+            return None
+        if err == 3:  # ESRCH
+            return PeerFailureError(f"recv from rank {inc.src}: the sender (pid {pid}) died", inc.src, pid)
+        return ShmcommError(f"recv from rank {inc.src}: reading its memory failed: {_os_error_text(err)}")
+
     cdef _finish(self, future, error, work, int source):
         self.pending -= 1
+        if future is None:  # an ACK we sent
+            return
         if future.done():
             return
         if error is not None:
@@ -343,6 +425,10 @@ cdef class P2PEngine:
                     break
                 self.sendq[q].popleft()
                 self._finish(s.future, self._why(q, gone[q], "send to"), None, -1)
+        for msg_id, s in list(self.acks_due.items()):
+            if gone[s.dst] or now >= s.deadline:
+                del self.acks_due[msg_id]
+                self._finish(s.future, self._why(s.dst, gone[s.dst], "send to"), None, -1)
         everyone_gone = all(gone[q] for q in range(c.size) if q != c.rank)
         for r in list(self.posted):
             if now >= r.deadline or (gone[r.src] if r.src >= 0 else everyone_gone and c.size > 1):
@@ -366,6 +452,9 @@ cdef class P2PEngine:
         for r in self.posted:
             self._finish(r.future, exc, None, -1)
         self.posted.clear()
+        for s in self.acks_due.values():
+            self._finish(s.future, exc, None, -1)
+        self.acks_due.clear()
         for inc in self.unexpected:
             if (<_Incoming>inc).target is not None:
                 self._finish((<_Incoming>inc).target.future, exc, None, -1)
@@ -375,7 +464,12 @@ cdef class P2PEngine:
             self._fail_all(exc)
 
     def close(self):
+        cdef uint64_t until = capi.shm_now_ns() + 1000000000
         with self.lock:
+            # ACKs still queued complete peers' sends: deliver them before leaving (bounded).
+            while any(self.sendq[r] for r in range(self.comm.size)) and capi.shm_now_ns() < until:
+                if not self._pass():
+                    time.sleep(0.001)
             self.closed = True
             if self.pending:
                 self._fail_all(ShmcommError("the process group was destroyed"))

@@ -44,7 +44,8 @@ typedef struct {
     int32_t pid;             /* 8 */
     uint32_t state;          /* 12: SHM_RANK_* */
     uint64_t probe_addr;     /* 16: address of `pid` in this rank's own mapping (single-copy probe) */
-    char pad0[104];
+    uint32_t cma_ok;         /* 24: this rank can read every peer's memory (set after the probe) */
+    char pad0[100];
     uint64_t desc[2][SHM_DESC_WORDS]; /* 128: what collective this rank called, by step parity */
     uint32_t bell;           /* 256: rung when a ring to or from this rank moves (futex word) */
     uint32_t bell_waiters;   /* 260 */

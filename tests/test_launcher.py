@@ -89,8 +89,14 @@ def reports(out: bytes) -> dict[int, dict]:
 
 
 def read_pids(d: Path) -> dict[str, int]:
-    """Every pid a rank script recorded, by file name."""
-    return {p.name: int(p.read_text()) for p in d.iterdir() if not p.name.startswith(".")}
+    """Every pid a rank script has finished recording, by file name (a shell creates the file
+    before it writes the number, so an empty or partial file is skipped)."""
+    pids = {}
+    for p in d.iterdir():
+        text = p.read_text().strip()
+        if not p.name.startswith(".") and text.isdigit():
+            pids[p.name] = int(text)
+    return pids
 
 
 def wait_for_pids(d: Path, count: int, proc: subprocess.Popen, timeout: float = 15) -> dict[str, int]:

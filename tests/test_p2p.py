@@ -127,3 +127,38 @@ def _recv_from_killed(rank, size):
 def test_recv_from_killed_peer_fails_fast():
     elapsed = run_ranks(_recv_from_killed, 2, expect_dead={0})[1]
     assert elapsed < 2.0
+
+
+def _single_copy_messages(rank, size):
+    """Messages above SHMCOMM_CMA_BYTES: header through the ring, payload read from the sender."""
+    n = 200_000
+    if rank == 0:
+        a = np.arange(n, dtype=np.float64)
+        b = np.arange(n, dtype=np.float64) * 2
+        w1 = sc.isend(a, dst=1, tag=1)
+        w2 = sc.isend(b, dst=1, tag=2)
+        w1.wait(timeout=20)
+        w2.wait(timeout=20)
+        sc.send(np.arange(n, dtype=np.int32), dst=1, tag=3)
+        w = sc.isend(a, dst=0, tag=4)  # to itself
+        got = np.empty(n)
+        sc.recv(got, src=0, tag=4)
+        w.wait()
+        assert np.array_equal(got, a)
+        with pytest.raises(sc.PeerFailureError):  # rank 1 never reads this one and leaves
+            sc.isend(np.ones(n), dst=1, tag=9).wait(timeout=20)
+        return True
+    second = np.empty(n)
+    assert sc.recv(second, src=0, tag=2) == 0  # out of order: the first waits as unexpected
+    first = np.empty(n)
+    sc.recv(first, src=None, tag=1)
+    assert np.array_equal(first, np.arange(n, dtype=np.float64))
+    assert np.array_equal(second, np.arange(n, dtype=np.float64) * 2)
+    with pytest.raises(sc.CollectiveMismatchError):
+        sc.recv(np.empty(n, np.int64), src=0, tag=3)  # wrong dtype: refused, and the sender is released
+    return True
+
+
+@pytest.mark.timeout(60)
+def test_single_copy_messages():
+    assert all(run_ranks(_single_copy_messages, 2, env={"SHMCOMM_CMA_BYTES": 4096}))
