@@ -574,7 +574,8 @@ class ShmcommProcessGroup(_ProcessGroupBase):
         opts = opts if opts is not None else _c10d.ReduceScatterOptions()
         code = _op_code(opts.reduceOp)
         stage = _Staging()
-        pairs = [(stage.output(o, True, "output"), stage.input(i, True, "input")) for o, i in zip(outputs, inputs)]
+        pairs = [(stage.output(o, True, "output"), stage.input(i, True, "input"))
+                 for o, i in zip(outputs, inputs)]
         one = self._comm.reduce_scatter_into
 
         def run():
@@ -634,8 +635,8 @@ class ShmcommProcessGroup(_ProcessGroupBase):
                 bufs[self._rank] = stage.input(inp, argname="input")
                 steps.append((False, bufs, None))
                 if outs[self._rank].numel() != inp.numel():
-                    raise ValueError(f"all_gather: output_tensor_list[{self._rank}] has {outs[self._rank].numel()} "
-                                     f"elements but the input has {inp.numel()}")
+                    raise ValueError(f"all_gather: output_tensor_list[{self._rank}] has "
+                                     f"{outs[self._rank].numel()} elements but the input has {inp.numel()}")
                 stage.backs.append((outs[self._rank], inp))
         gather, bcast = self._comm.all_gather, self._comm.broadcast
 

@@ -27,13 +27,12 @@ import types
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if sys.path[:1] != [REPO]:
     sys.path.insert(0, REPO)
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
+if REPO not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
 os.environ.setdefault("BACKEND", "shmcomm")
 os.environ.setdefault("WORLD_SIZE", "2")
 os.environ.setdefault("TEMP_DIR", "/tmp")   # replaced per test by the suite's setUp
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-import torch.distributed as dist  # noqa: E402
 
 import shmcomm.torch  # noqa: E402,F401 - registers the backend in processes started by spawn
 from torch.testing._internal.common_distributed import DistTestCases  # noqa: E402
@@ -134,7 +133,8 @@ class _Summary:
         name = report.nodeid.rsplit("::", 1)[-1]
         if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
             if report.outcome == "skipped":
-                reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
+                longrepr = report.longrepr
+                reason = str(longrepr[-1]) if isinstance(longrepr, tuple) else str(longrepr)
                 self.skips.setdefault(reason.removeprefix("Skipped: "), []).append(name)
             elif report.outcome == "failed":
                 self.failed.append(name)

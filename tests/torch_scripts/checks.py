@@ -282,7 +282,8 @@ def check_all_to_all(rank, size, c: Counter):
     rows = torch.cat([torch.full((s, 3), rank * 10 + q, dtype=torch.int32) for q, s in enumerate(in_splits)])
     out = torch.empty(sum(out_splits), 3, dtype=torch.int32)
     dist.all_to_all_single(out, rows, out_splits, in_splits)
-    expected = torch.cat([torch.full((s, 3), q * 10 + rank, dtype=torch.int32) for q, s in enumerate(out_splits)])
+    expected = torch.cat([torch.full((s, 3), q * 10 + rank, dtype=torch.int32)
+                          for q, s in enumerate(out_splits)])
     c.same(out, expected, "all_to_all_single splits 2-D")
 
 

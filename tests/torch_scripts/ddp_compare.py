@@ -5,7 +5,6 @@ Run under torchrun or shmrun; prints "rank R ddp ok" on success.
 import os
 import sys
 
-import torch
 import torch.distributed as dist
 from torch.testing import assert_close
 
