@@ -371,6 +371,23 @@ class _TorchLikeWorker(_Worker):
             return api.barrier
         raise ValueError(collective)
 
+    # Both modules spell these the same way.
+    def barrier(self):
+        self.api.barrier()
+
+    def bcast_obj(self, obj):
+        box = [obj]
+        self.api.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def gather_obj(self, obj):
+        out = [None] * self.size if self.rank == 0 else None
+        self.api.gather_object(obj, out, dst=0)
+        return out
+
+    def close(self):
+        self.api.destroy_process_group()
+
 
 class _ShmcommWorker(_TorchLikeWorker):
     name = "shmcomm"
@@ -393,22 +410,6 @@ class _ShmcommWorker(_TorchLikeWorker):
 
     def versions(self) -> dict:
         return {"shmcomm": self.api.__version__}
-
-    def barrier(self):
-        self.api.barrier()
-
-    def bcast_obj(self, obj):
-        box = [obj]
-        self.api.broadcast_object_list(box, src=0)
-        return box[0]
-
-    def gather_obj(self, obj):
-        out = [None] * self.size if self.rank == 0 else None
-        self.api.gather_object(obj, out, dst=0)
-        return out
-
-    def close(self):
-        self.api.destroy_process_group()
 
 
 class _GlooWorker(_TorchLikeWorker):
@@ -440,22 +441,6 @@ class _GlooWorker(_TorchLikeWorker):
 
     def versions(self) -> dict:
         return {"torch": self.torch.__version__}
-
-    def barrier(self):
-        self.api.barrier()
-
-    def bcast_obj(self, obj):
-        box = [obj]
-        self.api.broadcast_object_list(box, src=0)
-        return box[0]
-
-    def gather_obj(self, obj):
-        out = [None] * self.size if self.rank == 0 else None
-        self.api.gather_object(obj, out, dst=0)
-        return out
-
-    def close(self):
-        self.api.destroy_process_group()
 
 
 class _MpiWorker(_Worker):
