@@ -12,6 +12,12 @@ Example::
 
 from __future__ import annotations
 
+# The array collectives are compiled (shmcomm._core, src_cython/group_core.pxi): a Python
+# wrapper here would cost more than an 8-byte collective itself.
+from shmcomm._core import (  # noqa: F401
+    all_gather, all_gather_into, all_reduce, all_to_all, all_to_all_single, barrier, broadcast,
+    gather, reduce, reduce_scatter, reduce_scatter_into, scatter,
+)
 from shmcomm.group import resolve
 from shmcomm.ops import ReduceOp
 
@@ -21,70 +27,10 @@ __all__ = ["all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "all_gat
            "all_gather_object", "gather_object", "scatter_object_list", "empty", "zeros"]
 
 
-def all_reduce(array, op=ReduceOp.SUM, group=None, async_op=False):
-    """Reduce ``array`` in place over all ranks. Example: ``sc.all_reduce(x, op=sc.ReduceOp.MAX)``."""
-    return resolve(group).all_reduce(array, op, async_op)
-
 
 def all_reduce_coalesced(arrays, op=ReduceOp.SUM, group=None, async_op=False):
     """All-reduce several arrays in one operation. Example: ``sc.all_reduce_coalesced([a, b])``."""
     return resolve(group).all_reduce_coalesced(arrays, op, async_op)
-
-
-def broadcast(array, src, group=None, async_op=False):
-    """Copy rank ``src``'s array to every rank. Example: ``sc.broadcast(w, src=0)``."""
-    return resolve(group).broadcast(array, src, async_op)
-
-
-def reduce(array, dst, op=ReduceOp.SUM, group=None, async_op=False):
-    """Reduce into ``array`` on rank ``dst`` only. Example: ``sc.reduce(x, dst=0)``."""
-    return resolve(group).reduce(array, dst, op, async_op)
-
-
-def all_gather(output_list, array, group=None, async_op=False):
-    """Every rank gets every rank's array. Example: ``sc.all_gather(outs, x)``."""
-    return resolve(group).all_gather(output_list, array, async_op)
-
-
-def all_gather_into(output, array, group=None, async_op=False):
-    """All-gather into one array, rank-major. Example: ``sc.all_gather_into(out, x)``."""
-    return resolve(group).all_gather_into(output, array, async_op)
-
-
-def gather(array, gather_list=None, dst=0, group=None, async_op=False):
-    """Collect arrays on rank ``dst``. Example: ``sc.gather(x, outs if rank == 0 else None)``."""
-    return resolve(group).gather(array, gather_list, dst, async_op)
-
-
-def scatter(array, scatter_list=None, src=0, group=None, async_op=False):
-    """Hand rank q ``scatter_list[q]`` of ``src``. Example: ``sc.scatter(x, parts, src=0)``."""
-    return resolve(group).scatter(array, scatter_list, src, async_op)
-
-
-def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False):
-    """Reduce ``input_list[r]`` over ranks into rank r's ``output``. Example: ``sc.reduce_scatter(o, ins)``."""
-    return resolve(group).reduce_scatter(output, input_list, op, async_op)
-
-
-def reduce_scatter_into(output, input, op=ReduceOp.SUM, group=None, async_op=False):
-    """reduce_scatter with one rank-major input. Example: ``sc.reduce_scatter_into(o, whole)``."""
-    return resolve(group).reduce_scatter_into(output, input, op, async_op)
-
-
-def all_to_all(output_list, input_list, group=None, async_op=False):
-    """Exchange ``input_list[q]`` with rank q. Example: ``sc.all_to_all(outs, ins)``."""
-    return resolve(group).all_to_all(output_list, input_list, async_op)
-
-
-def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
-                      async_op=False):
-    """All-to-all on single arrays. Example: ``sc.all_to_all_single(out, inp, [1, 3], [2, 2])``."""
-    return resolve(group).all_to_all_single(output, input, output_split_sizes, input_split_sizes, async_op)
-
-
-def barrier(group=None, async_op=False):
-    """Wait for every rank of the group. Example: ``sc.barrier()``."""
-    return resolve(group).barrier(async_op)
 
 
 def send(array, dst, tag=0, group=None):

@@ -16,7 +16,6 @@ from shmcomm import _core
 from shmcomm.errors import AbortedError
 from shmcomm.ops import ReduceOp, op_code
 
-_SUM_OP, _SUM = ReduceOp.SUM, int(ReduceOp.SUM)
 from shmcomm.work import OpQueue, Work
 
 __all__ = ["ProcessGroup", "init_process_group", "is_initialized", "get_rank", "get_world_size",
@@ -25,11 +24,12 @@ __all__ = ["ProcessGroup", "init_process_group", "is_initialized", "get_rank", "
 DEFAULT_TIMEOUT = 300.0
 
 
-class ProcessGroup:
+class ProcessGroup(_core.GroupCore):
     """A set of local processes that run collectives together over shared memory.
 
     Created by ``init_process_group`` (the default group) or ``new_group``; ``src``/``dst``
-    arguments of its methods are ranks within this group::
+    arguments of its methods are ranks within this group. The array collectives (all_reduce,
+    broadcast, ..., barrier) are compiled in its base ``shmcomm._core.GroupCore``::
 
         pg = sc.init_process_group()
         x = np.arange(4.0)
@@ -72,10 +72,10 @@ class ProcessGroup:
 
     # ---- running operations -----------------------------------------------------------------
     def _op(self, fn, args: tuple, outputs: list, async_op: bool):
-        # Hot path: a synchronous op with nothing queued runs inline, here and now. Ops on one
-        # group are issued from one thread at a time (as with torch.distributed), so no lock.
-        ops = self._ops
-        if not async_op and ops.submitted == ops.completed and not self._destroyed:
+        # GroupCore ran a synchronous op inline already if nothing was queued (ops on one group
+        # are issued from one thread at a time, as with torch.distributed, so no lock): here
+        # the op is async, queued behind others, or the group is gone.
+        if not async_op and self._ops.idle() and not self._destroyed:
             fn(*args)
             return None
         if self._destroyed:
@@ -99,21 +99,7 @@ class ProcessGroup:
         self._ops.fail_pending(AbortedError(f"group {self._name} was aborted"))
         self._p2p.fail_all(AbortedError(f"group {self._name} was aborted"))
 
-    # ---- collectives ------------------------------------------------------------------------
-    def all_reduce(self, array, op=ReduceOp.SUM, async_op: bool = False):
-        """Reduce ``array`` over all ranks in place; every rank gets the same bits.
-
-        Example::
-
-            x = np.full(3, pg.rank, np.float32); pg.all_reduce(x)   # x == sum of ranks
-        """
-        code = _SUM if op is _SUM_OP else op_code(op)
-        ops = self._ops
-        if not async_op and ops.submitted == ops.completed and not self._destroyed:
-            self._comm.all_reduce(array, code)  # the latency-critical path, inlined
-            return None
-        return self._op(self._comm.all_reduce, (array, code), [array], async_op)
-
+    # ---- collectives: compiled in shmcomm._core.GroupCore ------------------------------------
     def all_reduce_coalesced(self, arrays, op=ReduceOp.SUM, async_op: bool = False):
         """All-reduce each array of ``arrays`` (one queued operation).
 
@@ -123,114 +109,6 @@ class ProcessGroup:
         """
         arrays, code = list(arrays), op_code(op)
         return self._op(_each(self._comm.all_reduce, code), (arrays,), arrays, async_op)
-
-    def broadcast(self, array, src: int, async_op: bool = False):
-        """Copy ``array`` of rank ``src`` into ``array`` of every rank.
-
-        Example::
-
-            pg.broadcast(weights, src=0)
-        """
-        return self._op(self._comm.broadcast, (array, _rank_arg(src, "src")), [array], async_op)
-
-    def reduce(self, array, dst: int, op=ReduceOp.SUM, async_op: bool = False):
-        """Reduce into ``array`` of rank ``dst``; other ranks' arrays are unchanged.
-
-        Example::
-
-            pg.reduce(x, dst=0)
-        """
-        return self._op(self._comm.reduce, (array, _rank_arg(dst, "dst"), op_code(op)), [array], async_op)
-
-    def all_gather(self, output_list, array, async_op: bool = False):
-        """Fill ``output_list[q]`` with rank q's ``array`` on every rank.
-
-        Example::
-
-            outs = [np.empty_like(x) for _ in range(pg.size)]; pg.all_gather(outs, x)
-        """
-        outs = list(output_list)
-        return self._op(self._comm.all_gather, (outs, array), outs, async_op)
-
-    def all_gather_into(self, output, array, async_op: bool = False):
-        """Gather every rank's ``array`` into ``output`` (world_size * array.size elements, rank-major).
-
-        Example::
-
-            out = np.empty(pg.size * x.size, x.dtype); pg.all_gather_into(out, x)
-        """
-        return self._op(self._comm.all_gather_into, (output, array), [output], async_op)
-
-    def gather(self, array, gather_list=None, dst: int = 0, async_op: bool = False):
-        """Collect every rank's ``array`` into ``gather_list`` on rank ``dst`` (None elsewhere).
-
-        Example::
-
-            outs = [np.empty_like(x) for _ in range(pg.size)] if pg.rank == 0 else None
-            pg.gather(x, outs, dst=0)
-        """
-        outs = list(gather_list) if gather_list is not None else None
-        return self._op(self._comm.gather, (array, outs, _rank_arg(dst, "dst")), outs or [], async_op)
-
-    def scatter(self, array, scatter_list=None, src: int = 0, async_op: bool = False):
-        """Fill ``array`` on rank q with ``scatter_list[q]`` of rank ``src`` (None elsewhere).
-
-        Example::
-
-            pg.scatter(x, [np.full(4, q) for q in range(pg.size)] if pg.rank == 0 else None, src=0)
-        """
-        ins = list(scatter_list) if scatter_list is not None else None
-        return self._op(self._comm.scatter, (array, ins, _rank_arg(src, "src")), [array], async_op)
-
-    def reduce_scatter(self, output, input_list, op=ReduceOp.SUM, async_op: bool = False):
-        """``output`` on rank r = reduction over ranks of their ``input_list[r]``.
-
-        Example::
-
-            pg.reduce_scatter(out, [np.ones(4) for _ in range(pg.size)])   # out == size
-        """
-        ins = list(input_list)
-        return self._op(self._comm.reduce_scatter, (output, ins, op_code(op)), [output], async_op)
-
-    def reduce_scatter_into(self, output, input, op=ReduceOp.SUM, async_op: bool = False):
-        """Like reduce_scatter with ``input`` holding world_size * output.size elements, rank-major.
-
-        Example::
-
-            pg.reduce_scatter_into(out, np.ones(pg.size * out.size, out.dtype))
-        """
-        return self._op(self._comm.reduce_scatter_into, (output, input, op_code(op)), [output], async_op)
-
-    def all_to_all(self, output_list, input_list, async_op: bool = False):
-        """``output_list[q]`` on rank r receives ``input_list[r]`` of rank q.
-
-        Example::
-
-            pg.all_to_all(outs, [np.full(2, pg.rank * 10 + q) for q in range(pg.size)])
-        """
-        outs, ins = list(output_list), list(input_list)
-        return self._op(self._comm.all_to_all, (outs, ins), outs, async_op)
-
-    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None,
-                          async_op: bool = False):
-        """All-to-all on single arrays split along the first axis, evenly or by the split sizes.
-
-        Example::
-
-            pg.all_to_all_single(out, inp)      # equal parts
-            pg.all_to_all_single(out, inp, [1, 3], [2, 2])
-        """
-        args = (output, input, output_split_sizes, input_split_sizes)
-        return self._op(self._comm.all_to_all_single, args, [output], async_op)
-
-    def barrier(self, async_op: bool = False):
-        """Wait until every rank of the group reached the barrier.
-
-        Example::
-
-            pg.barrier()
-        """
-        return self._op(self._comm.barrier, (), [], async_op)
 
     # ---- point to point ---------------------------------------------------------------------
     def send(self, array, dst: int, tag: int = 0) -> None:
@@ -357,16 +235,7 @@ def _each(fn, code):
     return run
 
 
-def _rank_arg(value, argname: str) -> int:
-    if value.__class__ is int:  # the common case, checked first: this is on every call's path
-        return value
-    if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            import operator
-            return operator.index(value)
-        except TypeError:
-            raise TypeError(f"{argname} must be an int rank, got {type(value).__name__}") from None
-    return value
+_rank_arg = _core.rank_arg
 
 
 def _tag_arg(tag) -> int:
@@ -439,6 +308,7 @@ def init_process_group(rank: int | None = None, world_size: int | None = None, n
         rank, world_size, job, timeout = job_arguments(rank, world_size, name, timeout)
         comm = _core.Communicator(job, "g0", rank, world_size, timeout)
         _default = ProcessGroup(comm, range(world_size), f"{job}.g0")
+        _core.set_default_group(_default)
         _groups.append(_default)
         return _default
 
@@ -539,6 +409,7 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
             victims = list(_groups)
             _groups.clear()
             _default = None
+            _core.set_default_group(None)
         else:
             group = resolve(group)
             victims = [group]
@@ -546,6 +417,7 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
                 _groups.remove(group)
             if group is _default:
                 _default = None
+                _core.set_default_group(None)
     for g in victims:
         g._destroy()
 

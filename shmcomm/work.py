@@ -156,22 +156,21 @@ class Work:
 class OpQueue:
     """Runs one group's operations in issue order on a lazily started daemon thread."""
 
-    def __init__(self, name: str, comm=None):
+    def __init__(self, name: str, comm):
         self._name = name
-        self._comm = comm  # told when its ops run in the background, so its waits sleep sooner
+        # The communicator is told when its ops run in the background (its waits sleep sooner)
+        # and keeps the submitted/completed counters, which its compiled fast path compares.
+        # Each counter has one writer (the issuing thread, the worker), so no lock is needed.
+        self._comm = comm
         self._queue: queue.Queue[Work | None] = queue.Queue()
         self._thread: threading.Thread | None = None
-        # Each counter has one writer (the issuing thread, the worker), so no lock is needed and
-        # "idle" is one comparison on the hot path.
-        self.submitted = 0
-        self.completed = 0
 
     def idle(self) -> bool:
         """True when nothing is queued or running, so a synchronous op may run inline."""
-        return self.submitted == self.completed
+        return self._comm.submitted == self._comm.completed
 
     def submit(self, work: Work) -> Work:
-        self.submitted += 1
+        self._comm.submitted += 1
         self._queue.put(work)
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name=f"shmcomm-{self._name}", daemon=True)
@@ -184,16 +183,14 @@ class OpQueue:
             try:
                 if work is None:
                     return
-                if self._comm is not None:
-                    self._comm.background = True
+                self._comm.background = True
                 try:
                     work._run()
                 finally:
-                    if self._comm is not None:
-                        self._comm.background = False
+                    self._comm.background = False
             finally:
                 if work is not None:
-                    self.completed += 1
+                    self._comm.completed += 1
                 self._queue.task_done()
 
     def fail_pending(self, exc: BaseException) -> None:
@@ -205,7 +202,7 @@ class OpQueue:
                 return
             if work is not None:
                 work._fail(exc)
-                self.completed += 1
+                self._comm.completed += 1
             self._queue.task_done()
 
     def stop(self) -> None:

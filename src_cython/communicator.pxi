@@ -100,6 +100,10 @@ cdef class Communicator:
     cdef bint cma_ok              # single-copy reads from peers work here (probed at start)
     cdef readonly size_t cma_bytes  # pieces at least this large use them
     cdef public bint background  # ops run on the progress thread (set by shmcomm.work.OpQueue)
+    # Ops handed to the group's progress thread, and how many of those finished (each counter has
+    # one writer: the issuing thread, the progress thread). Equal: a synchronous op may run inline.
+    cdef public unsigned long long submitted
+    cdef public unsigned long long completed
 
     def __cinit__(self):
         self.pidfds = NULL
@@ -746,7 +750,7 @@ cdef class Communicator:
             raise TypeError(f"op {OP_NAMES[op]} is not supported for dtype {DTYPE_NAMES[dtype]}")
         return 0
 
-    def all_reduce(self, array, int op=SHM_SUM, bint run=True):
+    cpdef all_reduce(self, array, int op=SHM_SUM, bint run=True):
         cdef buf_t b
         cdef uint64_t heap, heap_off
         owner = as_buf(array, &b, True, "array")
@@ -759,7 +763,7 @@ cdef class Communicator:
             with nogil:
                 self._reduce(b.ptr, b.count, b.itemsize, b.dtype, op, -1, heap, heap_off)
 
-    def reduce(self, array, int dst, int op=SHM_SUM, bint run=True):
+    cpdef reduce(self, array, int dst, int op=SHM_SUM, bint run=True):
         cdef buf_t b
         cdef uint64_t heap, heap_off
         owner = as_buf(array, &b, True, "array")
@@ -773,7 +777,7 @@ cdef class Communicator:
             with nogil:
                 self._reduce(b.ptr, b.count, b.itemsize, b.dtype, op, dst, heap, heap_off)
 
-    def broadcast(self, array, int src, bint run=True):
+    cpdef broadcast(self, array, int src, bint run=True):
         cdef buf_t b
         self._check_root(src, "src")
         owner = as_buf(array, &b, src != self.rank, "array")
@@ -810,7 +814,7 @@ cdef class Communicator:
         for q in range(self.size):
             self.ptrs[offset + q] = whole.ptr + q * piece.nbytes
 
-    def all_gather(self, list output_list, array, bint run=True):
+    cpdef all_gather(self, list output_list, array, bint run=True):
         cdef buf_t b
         owner = as_buf(array, &b, False, "array")
         owners = self._fill_ptrs(output_list, &b, "output_list", True, 0)
@@ -820,7 +824,7 @@ cdef class Communicator:
         with nogil:
             self._gather(self.ptrs, b.ptr, b.nbytes, b.dtype, -1)
 
-    def all_gather_into(self, output, array, bint run=True):
+    cpdef all_gather_into(self, output, array, bint run=True):
         cdef buf_t b, o
         owner = as_buf(array, &b, False, "array")
         out_owner = as_buf(output, &o, True, "output")
@@ -831,7 +835,7 @@ cdef class Communicator:
         with nogil:
             self._gather(self.ptrs, b.ptr, b.nbytes, b.dtype, -1)
 
-    def gather(self, array, gather_list, int dst, bint run=True):
+    cpdef gather(self, array, gather_list, int dst, bint run=True):
         cdef buf_t b
         self._check_root(dst, "dst")
         owner = as_buf(array, &b, False, "array")
@@ -848,7 +852,7 @@ cdef class Communicator:
         with nogil:
             self._gather(self.ptrs, b.ptr, b.nbytes, b.dtype, dst)
 
-    def scatter(self, array, scatter_list, int src, bint run=True):
+    cpdef scatter(self, array, scatter_list, int src, bint run=True):
         cdef buf_t b
         self._check_root(src, "src")
         owner = as_buf(array, &b, True, "array")
@@ -865,7 +869,7 @@ cdef class Communicator:
         with nogil:
             self._scatter(b.ptr, self.ptrs, b.nbytes, b.dtype, src)
 
-    def reduce_scatter(self, output, list input_list, int op=SHM_SUM, bint run=True):
+    cpdef reduce_scatter(self, output, list input_list, int op=SHM_SUM, bint run=True):
         cdef buf_t o
         out_owner = as_buf(output, &o, True, "output")
         self._check_op(o.dtype, op)
@@ -876,7 +880,7 @@ cdef class Communicator:
         with nogil:
             self._reduce_scatter(o.ptr, self.ptrs, o.count, o.itemsize, o.dtype, op)
 
-    def reduce_scatter_into(self, output, input, int op=SHM_SUM, bint run=True):
+    cpdef reduce_scatter_into(self, output, input, int op=SHM_SUM, bint run=True):
         cdef buf_t o, i
         out_owner = as_buf(output, &o, True, "output")
         in_owner = as_buf(input, &i, False, "input")
@@ -888,7 +892,7 @@ cdef class Communicator:
         with nogil:
             self._reduce_scatter(o.ptr, self.ptrs, o.count, o.itemsize, o.dtype, op)
 
-    def all_to_all(self, list output_list, list input_list, bint run=True):
+    cpdef all_to_all(self, list output_list, list input_list, bint run=True):
         cdef buf_t first
         cdef int q
         if len(input_list) != self.size:
@@ -927,7 +931,7 @@ cdef class Communicator:
             off += <size_t>splits[q]
         return 0
 
-    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, bint run=True):
+    cpdef all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, bint run=True):
         cdef buf_t o, i
         cdef int n = self.size
         out_owner = as_buf(output, &o, True, "output")
@@ -943,7 +947,7 @@ cdef class Communicator:
         with nogil:
             self._all_to_all(self.ptrs, self.ptrs + n, self.sizes, self.sizes + n, o.dtype, False)
 
-    def barrier(self, bint run=True):
+    cpdef barrier(self, bint run=True):
         if not run:  # validation only: async ops check arguments at the call
             return
         self._begin("barrier")

@@ -1,0 +1,304 @@
+# The public collective API's hot path, compiled. A synchronous collective with nothing queued on
+# its group runs inline from here straight into the Communicator's C methods; async ops and ops
+# issued while others are queued go through ProcessGroup._op (Python, shmcomm/group.py).
+#
+# Why in C: the same chain in Python (module function -> resolve -> method -> rank check -> _op)
+# cost 0.3-0.6 us per call, more than the whole 8-byte broadcast between two ranks (0.36 us).
+from shmcomm.ops import ReduceOp as _ReduceOp, op_code as _op_code
+
+cdef object _SUM = _ReduceOp.SUM
+cdef object _default_group = None  # mirrors shmcomm.group's default group (set_default_group)
+
+
+cdef inline int _op_arg(object op) except -1:
+    if type(op) is _ReduceOp or type(op) is int:
+        return op  # the range is checked with the dtype by Communicator._check_op
+    return _op_code(op)
+
+
+cdef int _rank_slow(object value, str argname) except? -1:
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            import operator
+            return operator.index(value)
+        except TypeError:
+            raise TypeError(f"{argname} must be an int rank, got {type(value).__name__}") from None
+    return value
+
+
+cdef inline int _rank_arg(object value, str argname) except? -1:
+    if type(value) is int:  # the common case first: this is on every call's path
+        return value
+    return _rank_slow(value, argname)
+
+
+def rank_arg(value, str argname):
+    """``value`` as an int rank; TypeError naming ``argname`` for bools and non-integers.
+
+    Example::
+
+        >>> rank_arg(3, "dst")
+        3
+    """
+    if type(value) is int:
+        return value
+    if isinstance(value, bool) or not isinstance(value, int):
+        return _rank_slow(value, argname)
+    return int(value)
+
+
+def set_default_group(group):
+    """Make ``group`` (a GroupCore or None) what module-level collectives use for ``group=None``."""
+    global _default_group
+    if group is not None and not isinstance(group, GroupCore):
+        raise TypeError(f"expected a ProcessGroup, got {type(group).__name__}")
+    _default_group = group
+
+
+cdef inline GroupCore _resolve(object group):
+    if group is None:
+        if _default_group is None:
+            raise ValueError("shmcomm is not initialized: call shmcomm.init_process_group() first")
+        return <GroupCore>_default_group
+    if isinstance(group, GroupCore):
+        return <GroupCore>group
+    raise TypeError(f"group must be a shmcomm.ProcessGroup or None, got {type(group).__name__}")
+
+
+cdef class GroupCore:
+    """Compiled base of ``shmcomm.ProcessGroup``: every array collective's synchronous fast path.
+
+    Not used directly; ``ProcessGroup`` (shmcomm/group.py) adds identity, async queueing,
+    point-to-point, object collectives and teardown::
+
+        pg = sc.init_process_group()
+        pg.broadcast(x, src=0)        # runs here, inline, when nothing is queued on pg
+    """
+    cdef public Communicator _comm
+
+    cdef inline bint _inline(self, bint async_op):
+        cdef Communicator c = self._comm
+        return not async_op and c.submitted == c.completed and not c.closed
+
+    cpdef all_reduce(self, array, op=_SUM, bint async_op=False):
+        """Reduce ``array`` over all ranks in place; every rank gets the same bits.
+
+        Example::
+
+            x = np.full(3, pg.rank, np.float32); pg.all_reduce(x)   # x == sum of ranks
+        """
+        cdef int code = _op_arg(op)
+        if self._inline(async_op):
+            self._comm.all_reduce(array, code, True)
+            return None
+        return self._op(self._comm.all_reduce, (array, code), [array], async_op)
+
+    cpdef broadcast(self, array, src, bint async_op=False):
+        """Copy ``array`` of rank ``src`` into ``array`` of every rank.
+
+        Example::
+
+            pg.broadcast(weights, src=0)
+        """
+        cdef int root = _rank_arg(src, "src")
+        if self._inline(async_op):
+            self._comm.broadcast(array, root, True)
+            return None
+        return self._op(self._comm.broadcast, (array, root), [array], async_op)
+
+    cpdef reduce(self, array, dst, op=_SUM, bint async_op=False):
+        """Reduce into ``array`` of rank ``dst``; other ranks' arrays are unchanged.
+
+        Example::
+
+            pg.reduce(x, dst=0)
+        """
+        cdef int root = _rank_arg(dst, "dst")
+        cdef int code = _op_arg(op)
+        if self._inline(async_op):
+            self._comm.reduce(array, root, code, True)
+            return None
+        return self._op(self._comm.reduce, (array, root, code), [array], async_op)
+
+    cpdef all_gather(self, output_list, array, bint async_op=False):
+        """Fill ``output_list[q]`` with rank q's ``array`` on every rank.
+
+        Example::
+
+            outs = [np.empty_like(x) for _ in range(pg.size)]; pg.all_gather(outs, x)
+        """
+        cdef list outs = list(output_list)
+        if self._inline(async_op):
+            self._comm.all_gather(outs, array, True)
+            return None
+        return self._op(self._comm.all_gather, (outs, array), outs, async_op)
+
+    cpdef all_gather_into(self, output, array, bint async_op=False):
+        """Gather every rank's ``array`` into ``output`` (world_size * array.size elements, rank-major).
+
+        Example::
+
+            out = np.empty(pg.size * x.size, x.dtype); pg.all_gather_into(out, x)
+        """
+        if self._inline(async_op):
+            self._comm.all_gather_into(output, array, True)
+            return None
+        return self._op(self._comm.all_gather_into, (output, array), [output], async_op)
+
+    cpdef gather(self, array, gather_list=None, dst=0, bint async_op=False):
+        """Collect every rank's ``array`` into ``gather_list`` on rank ``dst`` (None elsewhere).
+
+        Example::
+
+            outs = [np.empty_like(x) for _ in range(pg.size)] if pg.rank == 0 else None
+            pg.gather(x, outs, dst=0)
+        """
+        cdef int root = _rank_arg(dst, "dst")
+        outs = list(gather_list) if gather_list is not None else None
+        if self._inline(async_op):
+            self._comm.gather(array, outs, root, True)
+            return None
+        return self._op(self._comm.gather, (array, outs, root), outs or [], async_op)
+
+    cpdef scatter(self, array, scatter_list=None, src=0, bint async_op=False):
+        """Fill ``array`` on rank q with ``scatter_list[q]`` of rank ``src`` (None elsewhere).
+
+        Example::
+
+            pg.scatter(x, [np.full(4, q) for q in range(pg.size)] if pg.rank == 0 else None, src=0)
+        """
+        cdef int root = _rank_arg(src, "src")
+        ins = list(scatter_list) if scatter_list is not None else None
+        if self._inline(async_op):
+            self._comm.scatter(array, ins, root, True)
+            return None
+        return self._op(self._comm.scatter, (array, ins, root), [array], async_op)
+
+    cpdef reduce_scatter(self, output, input_list, op=_SUM, bint async_op=False):
+        """``output`` on rank r = reduction over ranks of their ``input_list[r]``.
+
+        Example::
+
+            pg.reduce_scatter(out, [np.ones(4) for _ in range(pg.size)])   # out == size
+        """
+        cdef list ins = list(input_list)
+        cdef int code = _op_arg(op)
+        if self._inline(async_op):
+            self._comm.reduce_scatter(output, ins, code, True)
+            return None
+        return self._op(self._comm.reduce_scatter, (output, ins, code), [output], async_op)
+
+    cpdef reduce_scatter_into(self, output, input, op=_SUM, bint async_op=False):
+        """Like reduce_scatter with ``input`` holding world_size * output.size elements, rank-major.
+
+        Example::
+
+            pg.reduce_scatter_into(out, np.ones(pg.size * out.size, out.dtype))
+        """
+        cdef int code = _op_arg(op)
+        if self._inline(async_op):
+            self._comm.reduce_scatter_into(output, input, code, True)
+            return None
+        return self._op(self._comm.reduce_scatter_into, (output, input, code), [output], async_op)
+
+    cpdef all_to_all(self, output_list, input_list, bint async_op=False):
+        """``output_list[q]`` on rank r receives ``input_list[r]`` of rank q.
+
+        Example::
+
+            pg.all_to_all(outs, [np.full(2, pg.rank * 10 + q) for q in range(pg.size)])
+        """
+        cdef list outs = list(output_list), ins = list(input_list)
+        if self._inline(async_op):
+            self._comm.all_to_all(outs, ins, True)
+            return None
+        return self._op(self._comm.all_to_all, (outs, ins), outs, async_op)
+
+    cpdef all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None,
+                          bint async_op=False):
+        """All-to-all on single arrays split along the first axis, evenly or by the split sizes.
+
+        Example::
+
+            pg.all_to_all_single(out, inp)      # equal parts
+            pg.all_to_all_single(out, inp, [1, 3], [2, 2])
+        """
+        if self._inline(async_op):
+            self._comm.all_to_all_single(output, input, output_split_sizes, input_split_sizes, True)
+            return None
+        args = (output, input, output_split_sizes, input_split_sizes)
+        return self._op(self._comm.all_to_all_single, args, [output], async_op)
+
+    cpdef barrier(self, bint async_op=False):
+        """Wait until every rank of the group reached the barrier.
+
+        Example::
+
+            pg.barrier()
+        """
+        if self._inline(async_op):
+            self._comm.barrier(True)
+            return None
+        return self._op(self._comm.barrier, (), [], async_op)
+
+
+# ---- module-level collectives (shmcomm.all_reduce, ...): the group's method, on the default group
+def all_reduce(array, op=_SUM, group=None, async_op=False):
+    """Reduce ``array`` in place over all ranks. Example: ``sc.all_reduce(x, op=sc.ReduceOp.MAX)``."""
+    return _resolve(group).all_reduce(array, op, async_op)
+
+
+def broadcast(array, src, group=None, async_op=False):
+    """Copy rank ``src``'s array to every rank. Example: ``sc.broadcast(w, src=0)``."""
+    return _resolve(group).broadcast(array, src, async_op)
+
+
+def reduce(array, dst, op=_SUM, group=None, async_op=False):
+    """Reduce into ``array`` on rank ``dst`` only. Example: ``sc.reduce(x, dst=0)``."""
+    return _resolve(group).reduce(array, dst, op, async_op)
+
+
+def all_gather(output_list, array, group=None, async_op=False):
+    """Every rank gets every rank's array. Example: ``sc.all_gather(outs, x)``."""
+    return _resolve(group).all_gather(output_list, array, async_op)
+
+
+def all_gather_into(output, array, group=None, async_op=False):
+    """All-gather into one array, rank-major. Example: ``sc.all_gather_into(out, x)``."""
+    return _resolve(group).all_gather_into(output, array, async_op)
+
+
+def gather(array, gather_list=None, dst=0, group=None, async_op=False):
+    """Collect arrays on rank ``dst``. Example: ``sc.gather(x, outs if rank == 0 else None)``."""
+    return _resolve(group).gather(array, gather_list, dst, async_op)
+
+
+def scatter(array, scatter_list=None, src=0, group=None, async_op=False):
+    """Hand rank q ``scatter_list[q]`` of ``src``. Example: ``sc.scatter(x, parts, src=0)``."""
+    return _resolve(group).scatter(array, scatter_list, src, async_op)
+
+
+def reduce_scatter(output, input_list, op=_SUM, group=None, async_op=False):
+    """Reduce ``input_list[r]`` over ranks into rank r's ``output``. Example: ``sc.reduce_scatter(o, ins)``."""
+    return _resolve(group).reduce_scatter(output, input_list, op, async_op)
+
+
+def reduce_scatter_into(output, input, op=_SUM, group=None, async_op=False):
+    """reduce_scatter with one rank-major input. Example: ``sc.reduce_scatter_into(o, whole)``."""
+    return _resolve(group).reduce_scatter_into(output, input, op, async_op)
+
+
+def all_to_all(output_list, input_list, group=None, async_op=False):
+    """Exchange ``input_list[q]`` with rank q. Example: ``sc.all_to_all(outs, ins)``."""
+    return _resolve(group).all_to_all(output_list, input_list, async_op)
+
+
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
+                      async_op=False):
+    """All-to-all on single arrays. Example: ``sc.all_to_all_single(out, inp, [1, 3], [2, 2])``."""
+    return _resolve(group).all_to_all_single(output, input, output_split_sizes, input_split_sizes, async_op)
+
+
+def barrier(group=None, async_op=False):
+    """Wait for every rank of the group. Example: ``sc.barrier()``."""
+    return _resolve(group).barrier(async_op)
