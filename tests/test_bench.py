@@ -1,4 +1,4 @@
-"""Tests of ``shmcomm-bench`` (shmcomm/bench.py): its own code paths, not the speed it measures.
+"""Tests of ``shmcomm-bench`` (shmcomm/bench/): its own code paths, not the speed it measures.
 
 Sweeps are tiny (-n 2 or 3, a couple of sizes, a few iterations) because the machine has two cores
 and other suites run beside this one; nothing here asserts a time.
@@ -185,7 +185,7 @@ def test_table_json_and_csv_of_a_small_sweep(capsys, tmp_path):
     with open(cs, newline="") as f:
         lines = list(csv.DictReader(f))
     assert len(lines) == len(recs)
-    assert list(lines[0]) == list(bench._CSV_FIELDS)
+    assert list(lines[0]) == list(bench.report._CSV_FIELDS)
     for line, rec in zip(lines, recs):
         assert line["size"] == str(rec["size"]) and line["variant"] == rec["variant"]
         assert float(line["busbw_GBps"]) == pytest.approx(rec["busbw_GBps"])
@@ -232,7 +232,7 @@ def test_progress_lines_on_stderr(capsys):
 @pytest.mark.timeout(120)
 def test_missing_peers_are_reported_as_skipped(capsys, tmp_path, monkeypatch):
     real = bench.backend_available
-    monkeypatch.setattr(bench, "backend_available",
+    monkeypatch.setattr(bench.launch, "backend_available",
                         lambda name: (False, "torch is not installed") if name == "gloo" else real(name))
     monkeypatch.setenv("SHMCOMM_BENCH_UNAVAILABLE", "mpi")
     js = tmp_path / "s.json"
@@ -354,9 +354,9 @@ def test_a_silent_worker_is_stopped_after_the_timeout(tmp_path):
     quiet = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.PIPE)
     try:
         res = bench.BackendResult("shmcomm", "failed")
-        assert bench._follow([quiet], [str(log)], res, None, timeout=0.5) is False
+        assert bench.launch._follow([quiet], [str(log)], res, None, timeout=0.5) is False
         assert "no progress for 0.5 s" in res.reason and "still thinking" in res.reason
     finally:
-        bench._stop([quiet])
+        bench.launch._stop([quiet])
         quiet.stdout.close()
     assert quiet.returncode is not None

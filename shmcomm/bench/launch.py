@@ -1,0 +1,301 @@
+"""Parent side: which backends can run, starting their workers (N processes, or ``mpirun``),
+following rank 0's event lines with a no-progress timeout, and reporting a failure with the
+workers' last words."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import selectors
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from .common import _MARK
+
+_TAIL_LINES = 15
+
+
+def _mpirun() -> str | None:
+    return os.environ.get("SHMCOMM_BENCH_MPIRUN") or shutil.which("mpirun") or shutil.which("mpiexec")
+
+
+def backend_available(name: str) -> tuple[bool, str]:
+    """``(True, "")`` if ``name`` can run here, else ``(False, reason)``. Cheap: imports nothing.
+
+    ``SHMCOMM_BENCH_UNAVAILABLE=gloo,mpi`` makes backends look missing (for tests). Example::
+
+        ok, why = backend_available("mpi")
+    """
+    hidden = {b.strip() for b in os.environ.get("SHMCOMM_BENCH_UNAVAILABLE", "").split(",")}
+    if name in hidden:
+        return False, "marked unavailable by SHMCOMM_BENCH_UNAVAILABLE"
+    if name == "shmcomm":
+        if importlib.util.find_spec("shmcomm._core") is None:
+            return False, "shmcomm._core is not built"
+        return True, ""
+    if name == "gloo":
+        return (True, "") if importlib.util.find_spec("torch") else (False, "torch is not installed")
+    if name == "mpi":
+        if importlib.util.find_spec("mpi4py") is None:
+            return False, "mpi4py is not installed"
+        if _mpirun() is None:
+            return False, "no mpirun or mpiexec on PATH"
+        return True, ""
+    return False, f"unknown backend {name!r}"
+
+
+def _static_skip(backend: str, dtname: str, op: str) -> str | None:
+    """Why ``backend`` cannot run this dtype/op at all (checked before starting any process)."""
+    if backend == "mpi" and dtname in ("float16", "bfloat16"):
+        return f"MPI has no standard {dtname} datatype"
+    if backend == "mpi" and op == "avg":
+        return "MPI has no average reduction (MPI_AVG does not exist)"
+    if backend == "gloo" and dtname in ("uint32", "uint64"):
+        return f"torch.distributed gloo does not support {dtname}"
+    return None
+
+
+@dataclass
+class BackendResult:
+    """What one backend's run produced: ``status`` is ``ok``, ``skipped`` or ``failed``."""
+
+    backend: str
+    status: str
+    reason: str = ""
+    rows: list = field(default_factory=list)  # "row" events of rank 0
+    notes: list = field(default_factory=list)  # (collective, reason) for collectives not run
+    versions: dict = field(default_factory=dict)
+    command: str = ""
+    warnings: list = field(default_factory=list)
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker_env(nranks: int) -> dict:
+    env = dict(os.environ)
+    # The workers must import this very shmcomm, even from a source tree that is not installed.
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    # As shmrun does: N ranks share the cores, so library thread pools must not oversubscribe them.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, _cores() // nranks)))
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _is_open_mpi(mpirun: str) -> bool:
+    try:
+        proc = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return True  # the usual one; a wrong guess shows up as mpirun's own error message
+    return "open mpi" in (proc.stdout + proc.stderr).lower() or "open-rte" in proc.stdout.lower()
+
+
+def _worker_cmd(backend: str, cfg: dict) -> list[str]:
+    return [sys.executable, "-m", "shmcomm.bench", "--worker", backend, "--config", json.dumps(cfg)]
+
+
+def _launch(backend: str, nranks: int, cfg: dict, logdir: str, mpi_args: list[str]):
+    """Start the workers; returns (processes, their stderr log paths, shown command, job name)."""
+    env, job = _worker_env(nranks), None
+    cmd = _worker_cmd(backend, cfg)
+    procs, logs = [], []
+    if backend == "mpi":
+        launcher = [_mpirun(), "-n", str(nranks)]
+        if _is_open_mpi(launcher[0]):  # these flags are Open MPI's; MPICH's hydra allows both anyway
+            if nranks > _cores():
+                launcher.append("--oversubscribe")
+            if hasattr(os, "geteuid") and os.geteuid() == 0:
+                launcher.append("--allow-run-as-root")
+        launcher += mpi_args
+        # Open MPI warns about unused components and hwloc on many containers; the numbers stand.
+        env.setdefault("OMPI_MCA_btl_base_warn_component_unused", "0")
+        env.setdefault("OMPI_MCA_hwloc_base_report_bindings", "0")
+        shown = " ".join(launcher) + " python -m shmcomm.bench --worker mpi ..."
+        groups = [(launcher + cmd, env)]
+    else:
+        per_rank = {"RANK": None, "WORLD_SIZE": str(nranks), "LOCAL_WORLD_SIZE": str(nranks)}
+        if backend == "shmcomm":
+            job = f"bench-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            per_rank["SHMCOMM_JOB"] = job
+        else:
+            per_rank.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+            env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one machine: never pick an outside interface
+        groups = []
+        for r in range(nranks):
+            e = dict(env, **{k: v for k, v in per_rank.items() if v is not None})
+            e["RANK"] = e["LOCAL_RANK"] = str(r)
+            groups.append((cmd, e))
+        shown = f"{nranks} x python -m shmcomm.bench --worker {backend} ..."
+    for i, (argv, e) in enumerate(groups):
+        path = os.path.join(logdir, f"{backend}.{i}.log")
+        logs.append(path)
+        with open(path, "wb") as err:
+            procs.append(subprocess.Popen(argv, env=e, stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.PIPE if i == 0 else err, stderr=err))
+    return procs, logs, shown, job
+
+
+def _tail(path: str, lines: int = _TAIL_LINES) -> str:
+    try:
+        with open(path, "rb") as f:
+            text = f.read()[-65536:].decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def _stop(procs) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + 3.0
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.05, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def run_backend(backend: str, nranks: int, cfg: dict, progress=None, timeout: float = 300.0,
+                mpi_args: list[str] | None = None) -> BackendResult:
+    """Run the sweep described by ``cfg`` on ``backend`` with ``nranks`` ranks; never raises for
+    a failing or missing backend (see ``BackendResult.status``).
+
+    ``progress(backend, row)`` is called for every size as it completes; ``timeout`` is how long
+    the workers may go without finishing a size before they are stopped::
+
+        res = run_backend("shmcomm", 2, cfg)
+        res.status, len(res.rows)
+    """
+    ok, reason = backend_available(backend)
+    if not ok:
+        return BackendResult(backend, "skipped", reason)
+    why = _static_skip(backend, cfg["dtype"], cfg["op"])
+    if why:
+        return BackendResult(backend, "skipped", why)
+    cfg = dict(cfg, nranks=nranks)
+    result = BackendResult(backend, "failed")
+    with tempfile.TemporaryDirectory(prefix="shmcomm-bench-") as logdir:
+        procs, logs, result.command, job = _launch(backend, nranks, cfg, logdir, mpi_args or [])
+        try:
+            finished = _follow(procs, logs, result, progress, timeout)
+            if finished:
+                try:
+                    for p in procs:
+                        p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    result.warnings.append("workers did not exit within 30 s after finishing; stopped")
+            else:
+                # A closed pipe can arrive before the exit status: give the ranks a moment so the
+                # report names who failed, but never wait on a rank that hangs.
+                deadline = time.monotonic() + 5.0
+                while (time.monotonic() < deadline and any(p.poll() is None for p in procs)
+                       and not any(p.poll() not in (None, 0) for p in procs)):
+                    time.sleep(0.05)
+            bad = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode not in (0, None)]
+            if finished and not bad:
+                result.status = "skipped" if result.status == "skipped" else "ok"
+            elif not result.reason:
+                result.reason = _failure_text(backend, procs, logs)
+        finally:
+            _stop(procs)
+            for p in procs:
+                if p.stdout:
+                    p.stdout.close()
+            if job is not None:
+                _remove_leftovers(job, result)
+    return result
+
+
+def _follow(procs, logs, result: BackendResult, progress, timeout: float) -> bool:
+    """Read rank 0's events until "done"; False if a worker failed or went quiet too long."""
+    out = procs[0].stdout
+    sel = selectors.DefaultSelector()
+    sel.register(out, selectors.EVENT_READ)
+    pending, last = b"", time.monotonic()
+    try:
+        while True:
+            if sel.select(0.2):
+                chunk = os.read(out.fileno(), 1 << 16)
+                if not chunk:
+                    return False  # rank 0 (or mpirun) closed stdout before "done": it died
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for raw in lines:
+                    line = raw.decode(errors="replace")
+                    if not line.startswith(_MARK):
+                        if line.strip():  # e.g. a library's notice; keep it visible
+                            print(f"[{result.backend}] {line}", file=sys.stderr)
+                        continue
+                    last = time.monotonic()
+                    event = json.loads(line[len(_MARK):])
+                    kind = event.get("event")
+                    if kind == "row":
+                        result.rows.append(event)
+                        if progress:
+                            progress(result.backend, event)
+                    elif kind == "start":
+                        result.versions = event.get("versions", {})
+                    elif kind == "note":
+                        result.notes.append((event["collective"], event["reason"]))
+                    elif kind == "skip":
+                        result.status, result.reason = "skipped", event["reason"]
+                        return True
+                    elif kind == "done":
+                        return True
+            if any(p.poll() not in (None, 0) for p in procs):
+                return False
+            if time.monotonic() - last > timeout:
+                result.reason = (f"no progress for {timeout:g} s (a hang?); workers stopped\n"
+                                 + _failure_text(result.backend, procs, logs))
+                return False
+    finally:
+        sel.close()
+
+
+def _failure_text(backend: str, procs, logs) -> str:
+    parts = []
+    for i, (p, log) in enumerate(zip(procs, logs)):
+        code = p.poll()
+        if code not in (None, 0):
+            who = "mpirun" if backend == "mpi" else f"rank {i}"
+            state = f"signal {-code}" if code < 0 else f"exit code {code}"
+            parts.append(f"{who} (pid {p.pid}) ended with {state}")
+            tail = _tail(log)
+            if tail:
+                parts.append(tail)
+        if len(parts) >= 4:
+            break
+    if not parts:  # nobody exited with an error yet (timeout): show what rank 0 said
+        tail = _tail(logs[0])
+        parts.append(tail or "workers ended without a result")
+    return "\n".join(parts)
+
+
+def _remove_leftovers(job: str, result: BackendResult) -> None:
+    """The core unlinks its segments once every rank attached; anything left is a bug we report."""
+    from shmcomm import segments
+
+    left = segments.remove_job_segments(job)
+    if left:
+        result.warnings.append(f"/dev/shm held {len(left)} segment(s) of job {job} after the run "
+                               f"(removed): {', '.join(left)}")

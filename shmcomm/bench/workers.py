@@ -1,0 +1,276 @@
+"""Worker side, one class per backend (shmcomm, torch.distributed gloo, mpi4py): each wraps its
+library's API into the timed calls and the object exchanges the sweep needs."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .common import _OPS
+from .launch import _mpirun
+
+
+class _Worker:
+    """One rank of one backend: what the sweep needs from it. Subclasses fill in the API calls."""
+
+    name = ""
+    torch_like = True  # shmcomm and torch.distributed share one API shape
+
+    rank = 0
+    size = 1
+
+    def alloc(self, count: int, dtype: np.dtype) -> np.ndarray:
+        """A 1-D buffer the backend's calls accept; every rank allocates the same ones in order."""
+        return np.empty(count, dtype)
+
+    def make_call(self, collective: str, variant: str, send, recv, chunk: int, root: int):
+        """The timed call: a closure running ``collective`` on numpy buffers ``send``/``recv``
+        (the same or overlapping arrays for in-place), ``chunk`` elements per rank."""
+        raise NotImplementedError
+
+    def versions(self) -> dict:
+        """Versions worth printing in the table header."""
+        return {}
+
+    def barrier(self) -> None:
+        """Synchronise the ranks (outside any timed region)."""
+        raise NotImplementedError
+
+    def bcast_obj(self, obj):
+        """Rank 0's ``obj`` on every rank (the iteration plan)."""
+        raise NotImplementedError
+
+    def gather_obj(self, obj):
+        """Every rank's ``obj`` as a list on rank 0 (None elsewhere)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Leave the group; for shmcomm this releases the shared memory."""
+
+    def supports(self, collective: str, variant: str) -> bool:
+        """Whether the library's API has this variant of ``collective`` at all."""
+        if self.torch_like:
+            if collective in ("all_reduce", "broadcast", "reduce"):
+                return variant == "in-place"  # these APIs have no separate output
+            if collective in ("all_to_all", "send_recv", "barrier"):
+                return variant == "out-of-place"
+            return True
+        if collective in ("broadcast",):
+            return variant == "in-place"
+        if collective in ("send_recv", "barrier"):
+            return variant == "out-of-place"
+        return True
+
+    def rs_inplace_block(self) -> int:
+        """Which block of the input an in-place reduce_scatter leaves its result in."""
+        return self.rank
+
+    def _ping_pong(self, send, recv, send_fn, recv_fn):
+        """Rank 0 sends to rank 1 and waits for the echo; other ranks idle."""
+        if self.rank == 0:
+            def call():
+                send_fn(send, 1)
+                recv_fn(recv, 1)
+        elif self.rank == 1:
+            def call():  # echo what arrived, so rank 0 can check the round trip too
+                recv_fn(recv, 0)
+                send_fn(recv, 0)
+        else:
+            def call():
+                pass
+        return call
+
+
+class _TorchLikeWorker(_Worker):
+    """shmcomm and torch.distributed: same call shapes, different module and buffer wrapper."""
+
+    api = None
+
+    def wrap(self, array: np.ndarray):
+        """The object the library's calls take for ``array``, sharing its memory."""
+        return array
+
+    def make_call(self, collective, variant, send, recv, chunk, root):
+        api, w, op, r, n = self.api, self.wrap, self.op, self.rank, self.size
+        if collective == "all_reduce":
+            buf = w(recv)
+            return lambda: api.all_reduce(buf, op=op)
+        if collective == "broadcast":
+            buf = w(recv)
+            return lambda: api.broadcast(buf, src=root)
+        if collective == "reduce":
+            buf = w(recv)
+            return lambda: api.reduce(buf, dst=root, op=op)
+        if collective == "all_gather":
+            out, inp, fn = w(recv), w(send), self.all_gather_into
+            return lambda: fn(out, inp)
+        if collective == "gather":
+            inp = w(send)
+            parts = [w(recv[q * chunk:(q + 1) * chunk]) for q in range(n)] if r == root else None
+            return lambda: api.gather(inp, gather_list=parts, dst=root)
+        if collective == "scatter":
+            out = w(recv)
+            parts = [w(send[q * chunk:(q + 1) * chunk]) for q in range(n)] if r == root else None
+            return lambda: api.scatter(out, scatter_list=parts, src=root)
+        if collective == "reduce_scatter":
+            out, inp, fn = w(recv), w(send), self.reduce_scatter_into
+            return lambda: fn(out, inp, op=op)
+        if collective == "all_to_all":
+            out, inp = w(recv), w(send)
+            return lambda: api.all_to_all_single(out, inp)
+        if collective == "send_recv":
+            return self._ping_pong(w(send), w(recv), lambda b, d: api.send(b, d), lambda b, s: api.recv(b, s))
+        if collective == "barrier":
+            return api.barrier
+        raise ValueError(collective)
+
+    # Both modules spell these the same way.
+    def barrier(self):
+        self.api.barrier()
+
+    def bcast_obj(self, obj):
+        box = [obj]
+        self.api.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def gather_obj(self, obj):
+        out = [None] * self.size if self.rank == 0 else None
+        self.api.gather_object(obj, out, dst=0)
+        return out
+
+    def close(self):
+        self.api.destroy_process_group()
+
+
+class _ShmcommWorker(_TorchLikeWorker):
+    name = "shmcomm"
+
+    def __init__(self, cfg: dict):
+        import shmcomm as sc
+
+        self.api = sc
+        self.rank, self.size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        sc.init_process_group(rank=self.rank, world_size=self.size, name=os.environ["SHMCOMM_JOB"],
+                              timeout=float(cfg["timeout"]))
+        self.op = sc.ReduceOp[_OPS[cfg["op"]]]
+        self.zero_copy = bool(cfg["zero_copy"])
+        self.all_gather_into = sc.all_gather_into
+        self.reduce_scatter_into = sc.reduce_scatter_into
+
+    def alloc(self, count, dtype):
+        # sc.empty is collective: every rank allocates the same buffers in the same order.
+        return self.api.empty(count, dtype) if self.zero_copy else np.empty(count, dtype)
+
+    def versions(self) -> dict:
+        return {"shmcomm": self.api.__version__}
+
+
+class _GlooWorker(_TorchLikeWorker):
+    name = "gloo"
+
+    def __init__(self, cfg: dict):
+        import warnings
+        from datetime import timedelta
+
+        # torch deprecates names across releases; the warnings would only clutter the output
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        import torch
+        import torch.distributed as dist
+
+        self.torch, self.api = torch, dist
+        dist.init_process_group("gloo", init_method="env://",
+                                timeout=timedelta(seconds=float(cfg["timeout"])))
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+        self.op = getattr(dist.ReduceOp, _OPS[cfg["op"]])
+        self.all_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        self.reduce_scatter_into = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+    def wrap(self, array):
+        # The tensor shares the numpy array's memory, so fills and checks work on the array.
+        if array.dtype.name == "bfloat16":
+            return self.torch.from_numpy(array.view(np.int16)).view(self.torch.bfloat16)
+        return self.torch.from_numpy(array)
+
+    def versions(self) -> dict:
+        return {"torch": self.torch.__version__}
+
+
+class _MpiWorker(_Worker):
+    name = "mpi"
+    torch_like = False
+
+    def __init__(self, cfg: dict):
+        import mpi4py
+        from mpi4py import MPI
+
+        self.mpi4py, self.MPI = mpi4py, MPI
+        self.comm = MPI.COMM_WORLD
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        if self.size != cfg["nranks"]:
+            # mpi4py built for another MPI than this mpirun: each process is a world of its own
+            raise RuntimeError(f"MPI world size is {self.size}, expected {cfg['nranks']}: is mpi4py "
+                               f"built against the MPI of {_mpirun()}?")
+        self.op = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}[cfg["op"]]
+
+    def rs_inplace_block(self) -> int:
+        return 0  # MPI_IN_PLACE Reduce_scatter_block leaves the result at the start of the buffer
+
+    def make_call(self, collective, variant, send, recv, chunk, root):
+        c, op, MPI, r, ip = self.comm, self.op, self.MPI, self.rank, variant == "in-place"
+        IN_PLACE = MPI.IN_PLACE
+        if collective == "all_reduce":
+            return (lambda: c.Allreduce(IN_PLACE, recv, op)) if ip else (lambda: c.Allreduce(send, recv, op))
+        if collective == "broadcast":
+            return lambda: c.Bcast(recv, root)
+        if collective == "reduce":
+            if not ip:
+                out = recv if r == root else None
+                return lambda: c.Reduce(send, out, op, root)
+            if r == root:
+                return lambda: c.Reduce(IN_PLACE, recv, op, root)
+            return lambda: c.Reduce(recv, None, op, root)
+        if collective == "all_gather":
+            return (lambda: c.Allgather(IN_PLACE, recv)) if ip else (lambda: c.Allgather(send, recv))
+        if collective == "gather":
+            if ip and r == root:
+                return lambda: c.Gather(IN_PLACE, recv, root)
+            out = recv if r == root else None
+            return lambda: c.Gather(send, out, root)
+        if collective == "scatter":
+            if ip and r == root:
+                return lambda: c.Scatter(send, IN_PLACE, root)
+            src = send if r == root else None
+            return lambda: c.Scatter(src, recv, root)
+        if collective == "reduce_scatter":
+            if ip:
+                return lambda: c.Reduce_scatter_block(IN_PLACE, send, op)
+            return lambda: c.Reduce_scatter_block(send, recv, op)
+        if collective == "all_to_all":
+            return (lambda: c.Alltoall(IN_PLACE, recv)) if ip else (lambda: c.Alltoall(send, recv))
+        if collective == "send_recv":
+            return self._ping_pong(send, recv, lambda b, d: c.Send(b, d), lambda b, s: c.Recv(b, s))
+        if collective == "barrier":
+            return c.Barrier
+        raise ValueError(collective)
+
+    def versions(self) -> dict:
+        # The library string is long, multi-line and NUL-padded; its first field names it.
+        library = self.MPI.Get_library_version().replace("\0", "").strip().splitlines()[0]
+        return {"mpi4py": self.mpi4py.__version__, "mpi": library.split(",")[0].strip()}
+
+    def barrier(self):
+        self.comm.Barrier()
+
+    def bcast_obj(self, obj):
+        return self.comm.bcast(obj, root=0)
+
+    def gather_obj(self, obj):
+        return self.comm.gather(obj, root=0)
+
+    def close(self):
+        pass  # mpi4py finalizes MPI at exit
+
+
+_WORKERS = {"shmcomm": _ShmcommWorker, "gloo": _GlooWorker, "mpi": _MpiWorker}
