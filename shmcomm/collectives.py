@@ -16,7 +16,7 @@ from __future__ import annotations
 # wrapper here would cost more than an 8-byte collective itself.
 from shmcomm._core import (  # noqa: F401
     all_gather, all_gather_into, all_reduce, all_to_all, all_to_all_single, barrier, broadcast,
-    gather, reduce, reduce_scatter, reduce_scatter_into, scatter,
+    gather, recv, reduce, reduce_scatter, reduce_scatter_into, scatter, send,
 )
 from shmcomm.group import resolve
 from shmcomm.ops import ReduceOp
@@ -31,16 +31,6 @@ __all__ = ["all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "all_gat
 def all_reduce_coalesced(arrays, op=ReduceOp.SUM, group=None, async_op=False):
     """All-reduce several arrays in one operation. Example: ``sc.all_reduce_coalesced([a, b])``."""
     return resolve(group).all_reduce_coalesced(arrays, op, async_op)
-
-
-def send(array, dst, tag=0, group=None):
-    """Send ``array`` to ``dst``. Example: ``sc.send(x, dst=1, tag=3)``."""
-    return resolve(group).send(array, dst, tag)
-
-
-def recv(array, src=None, tag=0, group=None):
-    """Receive into ``array``; returns the sender. Example: ``who = sc.recv(buf)``."""
-    return resolve(group).recv(array, src, tag)
 
 
 def isend(array, dst, tag=0, group=None):

@@ -111,30 +111,6 @@ class ProcessGroup(_core.GroupCore):
         return self._op(_each(self._comm.all_reduce, code), (arrays,), arrays, async_op)
 
     # ---- point to point ---------------------------------------------------------------------
-    def send(self, array, dst: int, tag: int = 0) -> None:
-        """Send ``array`` to rank ``dst`` (returns once it is in shared memory or received).
-
-        Example::
-
-            pg.send(np.arange(4), dst=1, tag=7)
-        """
-        work = Work(None, (array,), [array], self.abort, self._p2p.drive)
-        self._p2p.post_send(work._future, array, _rank_arg(dst, "dst"), _tag_arg(tag), False)
-        work.wait()
-
-    def recv(self, array, src: int | None = None, tag: int = 0) -> int:
-        """Receive into ``array`` from ``src`` (None: any rank); returns the sender's rank.
-
-        Example::
-
-            sender = pg.recv(buf, src=None, tag=7)
-        """
-        work = Work(None, (array,), [array], self.abort, self._p2p.drive)
-        source = -1 if src is None else _rank_arg(src, "src")
-        self._p2p.post_recv(work._future, array, source, _tag_arg(tag), work, False)
-        work.wait()
-        return work.source_rank()
-
     def isend(self, array, dst: int, tag: int = 0) -> Work:
         """Start sending ``array`` to ``dst``; the returned Work completes once it is delivered
         into shared memory. The array must not change until then.
@@ -238,11 +214,7 @@ def _each(fn, code):
 _rank_arg = _core.rank_arg
 
 
-def _tag_arg(tag) -> int:
-    tag = _rank_arg(tag, "tag")
-    if not -(2**63) <= tag < 2**63:
-        raise ValueError(f"tag must fit in 64 bits, got {tag}")
-    return tag
+_tag_arg = _core.tag_arg
 
 
 # ---- the default group and module-level management ------------------------------------------

@@ -47,6 +47,24 @@ def rank_arg(value, str argname):
     return int(value)
 
 
+cdef int64_t _tag_arg(object tag) except? -1:
+    tag = _rank_arg(tag, "tag")
+    if not -(2**63) <= tag < 2**63:
+        raise ValueError(f"tag must fit in 64 bits, got {tag}")
+    return tag
+
+
+def tag_arg(tag):
+    """``tag`` as a 64-bit message tag; TypeError/ValueError name the problem.
+
+    Example::
+
+        >>> tag_arg(7)
+        7
+    """
+    return _tag_arg(tag)
+
+
 def set_default_group(group):
     """Make ``group`` (a GroupCore or None) what module-level collectives use for ``group=None``."""
     global _default_group
@@ -75,6 +93,7 @@ cdef class GroupCore:
         pg.broadcast(x, src=0)        # runs here, inline, when nothing is queued on pg
     """
     cdef public Communicator _comm
+    cdef public P2PEngine _p2p
 
     cdef inline bint _inline(self, bint async_op):
         cdef Communicator c = self._comm
@@ -241,6 +260,25 @@ cdef class GroupCore:
             return None
         return self._op(self._comm.barrier, (), [], async_op)
 
+    # ---- point to point (blocking; isend/irecv are in ProcessGroup) --------------------------
+    cpdef send(self, array, dst, tag=0):
+        """Send ``array`` to rank ``dst`` (returns once it is in shared memory or received).
+
+        Example::
+
+            pg.send(np.arange(4), dst=1, tag=7)
+        """
+        self._p2p.send(array, _rank_arg(dst, "dst"), _tag_arg(tag))
+
+    cpdef recv(self, array, src=None, tag=0):
+        """Receive into ``array`` from ``src`` (None: any rank); returns the sender's rank.
+
+        Example::
+
+            sender = pg.recv(buf, src=None, tag=7)
+        """
+        return self._p2p.recv(array, -1 if src is None else _rank_arg(src, "src"), _tag_arg(tag))
+
 
 # ---- module-level collectives (shmcomm.all_reduce, ...): the group's method, on the default group
 def all_reduce(array, op=_SUM, group=None, async_op=False):
@@ -302,3 +340,13 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
 def barrier(group=None, async_op=False):
     """Wait for every rank of the group. Example: ``sc.barrier()``."""
     return _resolve(group).barrier(async_op)
+
+
+def send(array, dst, tag=0, group=None):
+    """Send ``array`` to ``dst``. Example: ``sc.send(x, dst=1, tag=3)``."""
+    _resolve(group).send(array, dst, tag)
+
+
+def recv(array, src=None, tag=0, group=None):
+    """Receive into ``array``; returns the sender. Example: ``who = sc.recv(buf)``."""
+    return _resolve(group).recv(array, src, tag)

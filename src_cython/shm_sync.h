@@ -95,6 +95,20 @@ static inline int shm_wait_geq(uint32_t *word, uint32_t target, uint32_t *waiter
     return shm_seq_geq(shm_load_acquire(word), target);
 }
 
+/* Busy-poll until the 64-bit `*word` differs from `seen` or `spin_ns` passed; returns 1 if it
+ * changed. For a waiter that expects data within microseconds and watches the one word the
+ * writer stores anyway (a ring head): no doorbell traffic, no futex. */
+static inline int shm_spin_change64(const uint64_t *word, uint64_t seen, uint64_t spin_ns) {
+    uint64_t start = shm_now_ns();
+    do {
+        for (int i = 0; i < 64; i++) {
+            shm_cpu_relax();
+            if (__atomic_load_n(word, __ATOMIC_ACQUIRE) != seen) return 1;
+        }
+    } while (shm_now_ns() - start < spin_ns);
+    return 0;
+}
+
 /* Peer liveness: a pidfd becomes readable when its process exits (zombies included, and immune to
  * pid reuse); without pidfds the caller falls back to kill(pid, 0). */
 static inline int shm_pidfd_open(int pid) {

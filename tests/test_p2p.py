@@ -92,6 +92,39 @@ def test_nonblocking_exchange_and_ordering(world):
     assert all(run_ranks(_nonblocking_exchange, world))
 
 
+def _eager_and_queued_interleave(rank, size):
+    # Blocking calls take an eager path (straight through the ring) only when nothing else is in
+    # flight; mixed with isend/irecv and a full ring, order and matching must stay MPI's.
+    parts = [np.full(30_000, 10 * i + 1, np.float32) for i in range(12)]  # 120 KB each: ring fills
+    if rank == 0:
+        w = sc.isend(parts[0], dst=1, tag=5)
+        sc.send(parts[1], dst=1, tag=5)  # must arrive after parts[0]
+        w.wait()
+        for p in parts[2:]:
+            sc.send(p, dst=1, tag=6)  # the receiver is still busy: later ones wait for room
+        sc.send(np.array([7.0], np.float32), dst=1, tag=9)
+    else:
+        first, second = np.empty(30_000, np.float32), np.empty(30_000, np.float32)
+        w = sc.irecv(first, src=0, tag=5)
+        assert sc.recv(second, src=0, tag=5) == 0  # an irecv is pending: it matches first
+        w.wait()
+        assert np.array_equal(first, parts[0]) and np.array_equal(second, parts[1])
+        time.sleep(0.2)
+        late = np.empty(1, np.float32)
+        assert sc.recv(late, src=None, tag=9) == 0  # queued behind ten unexpected messages
+        assert late[0] == 7.0
+        for p in parts[2:]:
+            got = np.empty(30_000, np.float32)
+            assert sc.recv(got, src=0, tag=6) == 0
+            assert np.array_equal(got, p)
+    return True
+
+
+@pytest.mark.timeout(60)
+def test_blocking_calls_keep_order_with_async_ones_and_a_full_ring():
+    assert all(run_ranks(_eager_and_queued_interleave, 2))
+
+
 def _p2p_errors(rank, size):
     if rank == 0:
         with pytest.raises(ValueError, match="dst"):
