@@ -129,6 +129,7 @@ cdef class P2PEngine:
     cdef bint closed
     cdef dict acks_due       # CMA message id -> _SendOp waiting for the receiver's ACK
     cdef uint64_t next_id
+    cdef list known_tail         # per destination: its ring's tail when last read (only grows)
 
     def __init__(self, Communicator comm):
         self.comm = comm
@@ -142,6 +143,7 @@ cdef class P2PEngine:
         self.closed = False
         self.acks_due = {}
         self.next_id = 0
+        self.known_tail = [0] * comm.size
 
     # ---- posting ------------------------------------------------------------------------------
     def post_send(self, future, array, int dst, int64_t tag, bint background=True):
@@ -263,11 +265,17 @@ cdef class P2PEngine:
         cdef Communicator c = self.comm
         cdef capi.shm_ring_t *ring = c.ring(c.rank, dst)
         cdef char *data = <char *>ring + SHM_RING_CTRL_BYTES
-        cdef uint64_t head = ring.head, tail = capi.shm_load_acquire64(&ring.tail)
+        cdef uint64_t head = ring.head, tail = self.known_tail[dst]
         cdef size_t cap = c.ring_bytes
         cdef unsigned char header[MSG_HEADER_BYTES]
-        if cap - <size_t>(head - tail) < MSG_HEADER_BYTES + b.nbytes:
-            return False
+        if <size_t>(head - tail) + MSG_HEADER_BYTES + b.nbytes > cap:
+            # The receiver's tail line is read only when the stale value says "no room": reading
+            # it every time put a cache miss on every message's path. (The general path moves
+            # head too, so head - stale tail may exceed the capacity: never subtract from cap.)
+            tail = capi.shm_load_acquire64(&ring.tail)
+            self.known_tail[dst] = tail
+            if <size_t>(head - tail) + MSG_HEADER_BYTES + b.nbytes > cap:
+                return False
         _pack_header(header, b.dtype, tag, b.nbytes, MSG_DATA, 0, 0)
         with nogil:
             capi.shm_ring_put(data, cap, head, <char *>header, MSG_HEADER_BYTES)
