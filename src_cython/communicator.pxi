@@ -7,7 +7,7 @@
 # step s-2: no trailing barrier is needed. The first step of every collective also carries a
 # descriptor (what was called, dtype, size, root, op) that every rank checks against all others,
 # so a mismatch raises CollectiveMismatchError on every rank instead of returning corrupt data.
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy, memmove
 from posix.signal cimport kill
 from posix.unistd cimport getpid
@@ -97,6 +97,8 @@ cdef class Communicator:
     cdef int heap_count
     cdef list heaps            # (weakref to Segment, heap id, stride) of sc.empty segments
     cdef size_t heap_stride_now
+    cdef char *scratch            # private cache-sized buffer for single-copy reductions
+    cdef size_t scratch_bytes
     cdef bint cma_ok              # single-copy reads from peers work here (probed at start)
     cdef readonly size_t cma_bytes  # pieces at least this large use them
     cdef public bint background  # ops run on the progress thread (set by shmcomm.work.OpQueue)
@@ -111,6 +113,8 @@ cdef class Communicator:
         self.srcs = NULL
         self.ptrs = NULL
         self.sizes = NULL
+        self.scratch = NULL
+        self.scratch_bytes = 0
         self.closed = True
 
     def __init__(self, str job, str part, int rank, int size, double timeout):
@@ -436,6 +440,7 @@ cdef class Communicator:
         cdef uint32_t s
         cdef size_t nbytes = count * itemsize, chunk, c, off = 0, lo, hi
         cdef bint wants = root < 0 or root == self.rank
+        cdef bint cma
         self._set_desc(K_ALL_REDUCE if root < 0 else K_REDUCE, dtype, nbytes, <uint64_t>root, op)
         if nbytes <= self.small_bytes or nbytes <= <size_t>(64 * n):
             s = self.next_step()
@@ -448,10 +453,18 @@ cdef class Communicator:
                 shm_reduce(ptr, self.srcs, n, count, dtype, op)
             return 0
         self._set_heap_desc(heap, heap_off)
-        self._step()
-        self._check_desc()
+        if nbytes >= self.cma_bytes > 0:
+            cma = self._publish_table(&ptr, 1)  # the step that carries the descriptor, too
+        else:
+            self._step()
+            self._check_desc()
+            cma = False
         if heap and self._all_same_heap():
             return self._reduce_zero_copy(ptr, count, itemsize, dtype, op, root, heap_off)
+        if cma:
+            for q in range(n):
+                self.ptrs[q] = <char *>self._peer_entry(q, 0)
+            return self._reduce_single_copy(ptr, count, itemsize, dtype, op, root)
         chunk = self.slot_bytes // itemsize
         while off < count:
             c = min(chunk, count - off)
@@ -509,6 +522,52 @@ cdef class Communicator:
         self._step()  # every slice written before anyone returns
         return 0
 
+    cdef int _reduce_single_copy(self, char *ptr, size_t count, int itemsize, int dtype, int op,
+                                 int root) except -1 nogil:
+        """Private arrays at self.ptrs[q], cross-memory attach on: rank r reduces slice r block by
+        block, reading peers' parts through a cache-sized scratch, and writes each result block,
+        still in cache, into every array that wants it (its own in place; peers' remotely). Only
+        rank r touches slice r of any array, so one step at the end is the only sync; non-root
+        arrays of reduce stay as they were."""
+        cdef int n = self.size, q, i
+        cdef size_t block = (256 << 10) // itemsize, lo = 0, hi = 0, b, m
+        cdef size_t block_bytes = block * itemsize
+        cdef char *scratch = self._scratch(n * block_bytes)  # n - 1 inputs and one output
+        cdef char *part
+        cdef char *out
+        cdef bint mine = root < 0 or root == self.rank
+        self._slice(count, self.rank, itemsize, &lo, &hi)
+        b = lo
+        while b < hi:
+            m = min(block, hi - b)
+            part = scratch
+            for q in range(n):
+                if q == self.rank:
+                    self.srcs[q] = ptr + b * itemsize
+                else:
+                    self._cma(q, part, <uint64_t>self.ptrs[q] + b * itemsize, m * itemsize, False)
+                    self.srcs[q] = part
+                    part += block_bytes
+            out = ptr + b * itemsize if mine else part  # in place is fine: element-wise
+            shm_reduce(out, self.srcs, n, m, dtype, op)
+            for i in range(1, n):
+                q = (self.rank + i) % n
+                if root < 0 or q == root:
+                    self._cma(q, out, <uint64_t>self.ptrs[q] + b * itemsize, m * itemsize, True)
+            b += m
+        self._step()  # every slice written, and arrays untouched until every rank is done
+        return 0
+
+    cdef char *_scratch(self, size_t nbytes) except NULL nogil:
+        cdef char *grown
+        if nbytes > self.scratch_bytes:
+            grown = <char *>realloc(self.scratch, nbytes)
+            if grown == NULL:
+                with gil:
+                    raise MemoryError(f"{self.op_name}: no memory for a {nbytes}-byte scratch buffer")
+            self.scratch, self.scratch_bytes = grown, nbytes
+        return self.scratch
+
     # ---- single copy: peers read each other's arrays in place ----------------------------------
     # For large pieces every rank publishes a table of its array addresses with the descriptor;
     # if every rank can read every other's memory (cross-memory attach), each pulls what it needs
@@ -532,17 +591,24 @@ cdef class Communicator:
         return (<uint64_t *>self.slot(q, self.step))[1 + i]
 
     cdef int _pull(self, int q, char *dst, uint64_t remote, size_t n) except -1 nogil:
+        return self._cma(q, dst, remote, n, False)
+
+    cdef int _cma(self, int q, char *local, uint64_t remote, size_t n, bint write) except -1 nogil:
+        """Copy n bytes between ``local`` and address ``remote`` of rank q (write: to rank q)."""
         cdef int err
         if n == 0:
             return 0
-        err = capi.shm_cma_read(self.pids[q], dst, remote, n)
+        if write:
+            err = capi.shm_cma_write(self.pids[q], local, remote, n)
+        else:
+            err = capi.shm_cma_read(self.pids[q], local, remote, n)
         if err:
             with gil:
                 if err == 3:  # ESRCH
                     raise self._fail(PeerFailureError(f"{self.op_name}: rank {q} (pid {self.pids[q]}) "
                                                       f"died", q, self.pids[q]))
-                raise self._fail(ShmcommError(f"{self.op_name}: reading rank {q}'s memory failed: "
-                                              f"{_os_error_text(err)}"))
+                raise self._fail(ShmcommError(f"{self.op_name}: {'writing' if write else 'reading'} "
+                                              f"rank {q}'s memory failed: {_os_error_text(err)}"))
         return 0
 
     cdef int _broadcast(self, char *ptr, size_t nbytes, int dtype, int root) except -1 nogil:
@@ -1034,3 +1100,4 @@ cdef class Communicator:
                 if self.pidfds[r] >= 0:
                     close(self.pidfds[r])
         free(self.pidfds); free(self.pids); free(self.srcs); free(self.ptrs); free(self.sizes)
+        free(self.scratch)

@@ -126,21 +126,31 @@ static inline int shm_pidfd_exited(int pidfd) {
 }
 
 /* Single copy between processes (Linux cross-memory attach): read n bytes at `remote` in process
- * pid into dst. Returns 0 or an errno (ESRCH: the process is gone; EPERM: not allowed here). */
-static inline int shm_cma_read(int pid, void *dst, uint64_t remote, size_t n) {
+ * pid into `local` (write: from `local` to `remote`). Returns 0 or an errno (ESRCH: the process
+ * is gone; EPERM: not allowed here). */
+static inline int shm_cma_copy(int pid, void *local, uint64_t remote, size_t n, int write) {
     while (n) {
-        struct iovec local = {dst, n}, far = {(void *)(uintptr_t)remote, n};
-        ssize_t got = process_vm_readv(pid, &local, 1, &far, 1, 0);
+        struct iovec mine = {local, n}, far = {(void *)(uintptr_t)remote, n};
+        ssize_t got = write ? process_vm_writev(pid, &mine, 1, &far, 1, 0)
+                            : process_vm_readv(pid, &mine, 1, &far, 1, 0);
         if (got < 0) {
             if (errno == EINTR) continue;
             return errno;
         }
         if (got == 0) return EFAULT;
-        dst = (char *)dst + got;
+        local = (char *)local + got;
         remote += (uint64_t)got;
         n -= (size_t)got;
     }
     return 0;
+}
+
+static inline int shm_cma_read(int pid, void *dst, uint64_t remote, size_t n) {
+    return shm_cma_copy(pid, dst, remote, n, 0);
+}
+
+static inline int shm_cma_write(int pid, const void *src, uint64_t remote, size_t n) {
+    return shm_cma_copy(pid, (void *)src, remote, n, 1);
 }
 
 #endif

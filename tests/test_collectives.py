@@ -61,6 +61,14 @@ def test_reductions_pipelined_larger_than_segment(world):
     run_ranks(_reductions, world, sizes, timeout=170, env=PIPELINED)
 
 
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("world", [2, 3])
+def test_reductions_single_copy(world):
+    """Large private arrays: ranks reduce by reading peers' memory (several 256 KiB blocks)."""
+    env = {"SHMCOMM_CMA_BYTES": 1024, "SHMCOMM_SMALL_BYTES": 512}
+    run_ranks(_reductions, world, [300, 70001], timeout=220, env=env)
+
+
 def _movement(rank, size, sizes):
     """broadcast, all_gather(_into), gather, scatter, all_to_all(_single) for every dtype x size."""
     for dtype in DTYPES:
