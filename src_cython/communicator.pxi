@@ -613,14 +613,22 @@ cdef class Communicator:
 
     cdef int _broadcast(self, char *ptr, size_t nbytes, int dtype, int root) except -1 nogil:
         cdef uint32_t s
-        cdef size_t off = 0, c
+        cdef size_t off = 0, c, split
+        cdef int q
         cdef bint first = True
         self._set_desc(K_BROADCAST, dtype, nbytes, root, 0)
         if nbytes >= self.cma_bytes > 0:
             first = False
             if self._publish_table(&ptr, 1):
+                # The root would idle while receivers pull: it pushes the last 1/n of the array
+                # into every receiver (writes), each receiver pulls the rest, so all cores copy.
+                split = (nbytes - nbytes // self.size) & ~(<size_t>4095)
                 if self.rank != root:
-                    self._pull(root, ptr, self._peer_entry(root, 0), nbytes)
+                    self._pull(root, ptr, self._peer_entry(root, 0), split)
+                else:
+                    for q in range(self.size):
+                        if q != root:
+                            self._cma(q, ptr + split, self._peer_entry(q, 0) + split, nbytes - split, True)
                 self._step()
                 return 0
         while first or off < nbytes:
