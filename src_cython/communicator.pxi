@@ -652,7 +652,19 @@ cdef class Communicator:
         cdef int i, q, n = self.size
         cdef bint first = True, wants = root < 0 or root == self.rank
         self._set_desc(K_ALL_GATHER if root < 0 else K_GATHER, dtype, nbytes, <uint64_t>root, 0)
-        if nbytes >= self.cma_bytes > 0:
+        if nbytes >= self.cma_bytes > 0 and root >= 0:
+            # gather: the root publishes its outputs and every other rank writes its piece there
+            # while the root copies its own, so all cores copy at once instead of the root alone.
+            first = False
+            if self._publish_table(outs if wants else &inp, n if wants else 1):
+                if wants:
+                    if outs[self.rank] != inp:
+                        memmove(outs[self.rank], inp, nbytes)
+                else:
+                    self._cma(root, inp, self._peer_entry(root, self.rank), nbytes, True)
+                self._step()
+                return 0
+        elif nbytes >= self.cma_bytes > 0:
             first = False
             if self._publish_table(&inp, 1):
                 if wants:
