@@ -572,12 +572,13 @@ cdef class Communicator:
     # For large pieces every rank publishes a table of its array addresses with the descriptor;
     # if every rank can read every other's memory (cross-memory attach), each pulls what it needs
     # straight into its output, and a last step keeps the sources untouched until all are done.
-    cdef bint _publish_table(self, char **table, int ntable) except -1 nogil:
-        """One step carrying the descriptor and [cma_ok, table...]; True if single copy is on."""
+    cdef bint _publish_table(self, char **table, int ntable, bint usable=True) except -1 nogil:
+        """One step carrying the descriptor and [cma_ok, table...]; True if single copy is on
+        (every rank can read peers' memory and passed ``usable``)."""
         cdef uint32_t s = self.next_step()
         cdef uint64_t *mine = <uint64_t *>self.slot(self.rank, s)
         cdef int i, q
-        mine[0] = self.cma_ok
+        mine[0] = self.cma_ok and usable
         for i in range(ntable):
             mine[1 + i] = <uint64_t>table[i] if table != NULL else 0
         self._step()
@@ -771,13 +772,7 @@ cdef class Communicator:
             self._set_desc(K_ALL_TO_ALL, dtype, most, 0, 0)
             if most >= self.cma_bytes > 0:
                 first = False
-                if self._publish_table(ins, n):
-                    for i in range(1, n):
-                        q = (self.rank + i) % n
-                        self._pull(q, outs[q], self._peer_entry(q, self.rank), most)
-                    if outs[self.rank] != ins[self.rank]:
-                        memmove(outs[self.rank], ins[self.rank], most)
-                    self._step()
+                if self._all_to_all_single_copy(outs, ins, in_bytes, out_bytes):
                     return 0
         else:
             self._set_desc(K_ALL_TO_ALL_V, dtype, 0, 0, 0)
@@ -798,6 +793,10 @@ cdef class Communicator:
                                 f"{(<uint64_t *>self.slot(a, s))[b]} bytes to rank {b}, which "
                                 f"expects {(<uint64_t *>self.slot(b, s))[n + a]}")
                     most = max(most, (<uint64_t *>self.slot(a, s))[b])
+            if most >= self.cma_bytes > 0:  # every rank saw the same matrix: the same choice
+                self._set_desc(K_ALL_TO_ALL_V, dtype, 0, 0, 0)  # for the table's step
+                if self._all_to_all_single_copy(outs, ins, in_bytes, out_bytes):
+                    return 0
         if out_bytes[self.rank] and outs[self.rank] != ins[self.rank]:
             memmove(outs[self.rank], ins[self.rank], out_bytes[self.rank])
         while first or off < most:
@@ -814,6 +813,26 @@ cdef class Communicator:
                     memcpy(outs[q] + off, self.slot(q, s) + self.rank * cap, min(cap, out_bytes[q] - off))
             off += cap
         return 0
+
+    cdef bint _all_to_all_single_copy(self, char **outs, char **ins, size_t *in_bytes,
+                                      size_t *out_bytes) except -1 nogil:
+        """Pull every piece for this rank straight from its sender; False (nothing done) when some
+        rank cannot, or some rank's outputs overlap its inputs (in place: a peer could still be
+        reading a piece this rank is overwriting), and the slots must carry it."""
+        cdef int q, i, n = self.size
+        cdef size_t in_lo = <size_t>-1, in_hi = 0, out_lo = <size_t>-1, out_hi = 0
+        for q in range(n):  # the address spans of this rank's input and output pieces
+            in_lo, in_hi = min(in_lo, <size_t>ins[q]), max(in_hi, <size_t>ins[q] + in_bytes[q])
+            out_lo, out_hi = min(out_lo, <size_t>outs[q]), max(out_hi, <size_t>outs[q] + out_bytes[q])
+        if not self._publish_table(ins, n, in_hi <= out_lo or out_hi <= in_lo):
+            return False
+        for i in range(1, n):
+            q = (self.rank + i) % n
+            self._pull(q, outs[q], self._peer_entry(q, self.rank), out_bytes[q])
+        if out_bytes[self.rank] and outs[self.rank] != ins[self.rank]:
+            memmove(outs[self.rank], ins[self.rank], out_bytes[self.rank])
+        self._step()
+        return True
 
     cdef int _barrier(self) except -1 nogil:
         self._set_desc(K_BARRIER, 0, 0, 0, 0)

@@ -277,3 +277,38 @@ def _zero_copy(rank, size):
 @pytest.mark.parametrize("world", [2, 3])
 def test_zero_copy_shared_arrays(world):
     assert all(run_ranks(_zero_copy, world))
+
+
+def _all_to_all_large(rank, size):
+    """Pieces above the single-copy threshold: uneven splits, and in place (must not race)."""
+    f64, f32 = np.dtype(np.float64), np.dtype(np.float32)
+
+    def n_elems(src, dst):
+        return 3000 + 1000 * ((src + 2 * dst) % 3)
+    send_splits = [n_elems(rank, q) for q in range(size)]
+    recv_splits = [n_elems(q, rank) for q in range(size)]
+    inp = make_input(f64, sum(send_splits), rank, salt=5)
+    out = np.empty(sum(recv_splits))
+    sc.all_to_all_single(out, inp, recv_splits, send_splits)
+    expected = []
+    for q in range(size):
+        theirs = make_input(f64, sum(n_elems(q, d) for d in range(size)), q, salt=5)
+        start = sum(n_elems(q, d) for d in range(rank))
+        expected.append(theirs[start:start + n_elems(q, rank)])
+    assert_same_bits(out, np.concatenate(expected), "all_to_all_single, uneven, single copy")
+
+    want = [make_input(f32, 4000, q * 100 + rank, salt=6) for q in range(size)]
+    pieces = [make_input(f32, 4000, rank * 100 + q, salt=6) for q in range(size)]
+    whole = np.concatenate(pieces)
+    sc.all_to_all(pieces, pieces)  # the same arrays in and out
+    for q in range(size):
+        assert_same_bits(pieces[q], want[q], f"all_to_all in place from {q}")
+    sc.all_to_all_single(whole, whole)
+    assert_same_bits(whole, np.concatenate(want), "all_to_all_single in place")
+    return True
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [2, 3])
+def test_all_to_all_single_copy_uneven_and_in_place(world):
+    assert all(run_ranks(_all_to_all_large, world, timeout=100, env={"SHMCOMM_CMA_BYTES": 1024}))
