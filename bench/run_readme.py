@@ -65,9 +65,10 @@ def have_matplotlib() -> bool:
 def run_step(name: str, args: str, plot: bool, repeat: int) -> int:
     """Run one step ``repeat`` times; keep its text output and JSON/CSV with each row's best time."""
     base = os.path.join(RESULTS, name)
-    argv = shlex.split(args) + ["--json", base + ".json", "--csv", base + ".csv"]
+    rel = os.path.relpath(base, ROOT)  # the tool runs in ROOT; recorded argv names no machine path
+    argv = shlex.split(args) + ["--json", rel + ".json", "--csv", rel + ".csv"]
     if plot and have_matplotlib():
-        argv += ["--plot", base + ".png"]
+        argv += ["--plot", rel + ".png"]
     best: dict | None = None
     loads = []
     source = source_version()

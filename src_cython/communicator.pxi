@@ -766,7 +766,9 @@ cdef class Communicator:
         cdef int q, a, b, i, n = self.size
         cdef size_t cap = (self.slot_bytes // n) // 64 * 64, off = 0, c, most = 0, pending
         cdef uint64_t *sizes
-        cdef bint first = True
+        cdef bint first = True, fits
+        cdef size_t header = _align_up((2 * n + 1) * sizeof(uint64_t), 64)
+        cdef size_t piece_cap = ((self.slot_bytes - header) // n) // 64 * 64
         if uniform:
             most = in_bytes[0]
             self._set_desc(K_ALL_TO_ALL, dtype, most, 0, 0)
@@ -775,12 +777,23 @@ cdef class Communicator:
                 if self._all_to_all_single_copy(outs, ins, in_bytes, out_bytes):
                     return 0
         else:
+            # First step: every rank's split sizes (so each checks the whole matrix) and, when
+            # all its pieces fit, the pieces themselves: if every rank's fit, that one step is
+            # the whole collective.
             self._set_desc(K_ALL_TO_ALL_V, dtype, 0, 0, 0)
             s = self.next_step()
             sizes = <uint64_t *>self.slot(self.rank, s)
+            fits = 1
             for q in range(n):
                 sizes[q] = in_bytes[q]
                 sizes[n + q] = out_bytes[q]
+                if in_bytes[q] > piece_cap:
+                    fits = 0
+            sizes[2 * n] = fits
+            if fits:
+                for q in range(n):
+                    if q != self.rank:
+                        memcpy(self.slot(self.rank, s) + header + q * piece_cap, ins[q], in_bytes[q])
             self._step()
             self._check_desc()
             first = False
@@ -793,6 +806,14 @@ cdef class Communicator:
                                 f"{(<uint64_t *>self.slot(a, s))[b]} bytes to rank {b}, which "
                                 f"expects {(<uint64_t *>self.slot(b, s))[n + a]}")
                     most = max(most, (<uint64_t *>self.slot(a, s))[b])
+                fits = fits and (<uint64_t *>self.slot(a, s))[2 * n]
+            if fits:
+                if out_bytes[self.rank] and outs[self.rank] != ins[self.rank]:
+                    memmove(outs[self.rank], ins[self.rank], out_bytes[self.rank])
+                for q in range(n):
+                    if q != self.rank:
+                        memcpy(outs[q], self.slot(q, s) + header + self.rank * piece_cap, out_bytes[q])
+                return 0
             if most >= self.cma_bytes > 0:  # every rank saw the same matrix: the same choice
                 self._set_desc(K_ALL_TO_ALL_V, dtype, 0, 0, 0)  # for the table's step
                 if self._all_to_all_single_copy(outs, ins, in_bytes, out_bytes):
@@ -1019,12 +1040,16 @@ cdef class Communicator:
                          size_t size_base) except -1:
         """Point self.ptrs[ptr_base + q] at part q of `b` and record its byte size."""
         cdef int q, n = self.size
-        cdef size_t off = 0
+        cdef size_t off = 0, per
         if splits is None:
             if b.count % n:
                 raise ValueError(f"{b.count} elements do not split evenly into world_size={n} "
                                  f"parts; pass {argname}")
-            splits = [b.count // n] * n
+            per = b.count // n
+            for q in range(n):  # the common case, without building Python lists
+                self.ptrs[ptr_base + q] = b.ptr + q * per * b.itemsize
+                self.sizes[size_base + q] = per * b.itemsize
+            return 0
         splits = [int(x) for x in splits]
         if len(splits) != n or any(x < 0 for x in splits):
             raise ValueError(f"{argname} must be {n} non-negative sizes, got {splits}")
@@ -1044,6 +1069,11 @@ cdef class Communicator:
         if o.dtype != i.dtype:
             raise ValueError(f"output dtype {DTYPE_NAMES[o.dtype]} differs from input dtype "
                              f"{DTYPE_NAMES[i.dtype]}")
+        if o.ptr < i.ptr + i.nbytes and i.ptr < o.ptr + o.nbytes:
+            # In place (or overlapping): pieces move between different offsets of one array,
+            # so a piece could be overwritten before it is sent. Send from a copy.
+            in_owner = np.array(in_owner)
+            as_buf(in_owner, &i, False, "input")
         self._set_splits(output_split_sizes, &o, "output_split_sizes", 0, n)
         self._set_splits(input_split_sizes, &i, "input_split_sizes", n, 0)
         if not run:  # validation only: async ops check arguments at the call

@@ -305,6 +305,21 @@ def _all_to_all_large(rank, size):
         assert_same_bits(pieces[q], want[q], f"all_to_all in place from {q}")
     sc.all_to_all_single(whole, whole)
     assert_same_bits(whole, np.concatenate(want), "all_to_all_single in place")
+
+    for base in (1, 3000):  # in place with uneven (symmetric) splits: slots, then single copy
+        def sym(src, dst):  # symmetric, so every rank sends as much as it receives
+            return base * (1 + (src + dst) % 2) + (src + dst) % 3
+        splits_out = [sym(q, rank) for q in range(size)]
+        splits_in = [sym(rank, q) for q in range(size)]
+        mine = make_input(f64, sum(splits_in), rank, salt=7)
+        buf = mine.copy()
+        sc.all_to_all_single(buf, buf, splits_out, splits_in)
+        expected = []
+        for q in range(size):
+            theirs = make_input(f64, sum(sym(q, d) for d in range(size)), q, salt=7)
+            start = sum(sym(q, d) for d in range(rank))
+            expected.append(theirs[start:start + sym(q, rank)])
+        assert_same_bits(buf, np.concatenate(expected), f"all_to_all_single in place, uneven, {base}")
     return True
 
 
