@@ -11,6 +11,9 @@
 # a header carrying the buffer's address: the receiver reads the payload straight from the
 # sender's memory into the receive buffer (one copy) and answers with an ACK header, which
 # completes the send. The sender's buffer must not change until then, as for any isend.
+# From SHARED_PUSH_BYTES up the two share the copy: the receiver asks the sender (PUSH) to write
+# the second half into the receive buffer while it reads the first half itself; the receive
+# completes on PUSHED, the send on the ACK (which follows the PUSH in the same ring).
 import threading
 from collections import deque
 from cpython.pythread cimport (
@@ -25,6 +28,8 @@ cdef enum:
     MSG_DATA = 0            # the payload follows in the ring
     MSG_CMA = 1             # the payload stays at `addr` in the sender: read it from there
     MSG_ACK = 2             # the CMA message `id` was read: its send is complete
+    MSG_PUSH = 3            # receiver -> sender: write bytes [tag, tag + nbytes) of message `id` to `addr`
+    MSG_PUSHED = 4          # sender -> receiver: that write is done (dtype: 0, or the errno)
 
 
 cdef class _EngineLock:
@@ -60,6 +65,10 @@ cdef class _EngineLock:
         if self.depth == 0:
             self.owner = 0
             PyThread_release_lock(self.mutex)
+
+
+# Messages this large share their copy between sender and receiver (see the top of this file).
+cdef size_t SHARED_PUSH_BYTES = 1 << 20
 
 
 cdef inline void _pack_header(unsigned char *header, int dtype, int64_t tag, uint64_t nbytes,
@@ -128,6 +137,7 @@ cdef class P2PEngine:
     cdef int pending
     cdef bint closed
     cdef dict acks_due       # CMA message id -> _SendOp waiting for the receiver's ACK
+    cdef dict pushes_due     # (sender, message id) -> [_RecvOp, error] waiting for PUSHED
     cdef uint64_t next_id
     cdef list known_tail         # per destination: its ring's tail when last read (only grows)
 
@@ -142,6 +152,7 @@ cdef class P2PEngine:
         self.pending = 0
         self.closed = False
         self.acks_due = {}
+        self.pushes_due = {}
         self.next_id = 0
         self.known_tail = [0] * comm.size
 
@@ -312,16 +323,17 @@ cdef class P2PEngine:
                       uint64_t addr, uint64_t msg_id):
         _pack_header(op.header, dtype, tag, nbytes, kind, addr, msg_id)
 
-    cdef _send_ack(self, int src, uint64_t msg_id):
-        """Queue the ACK that completes CMA message `msg_id` of rank `src`."""
-        cdef _SendOp ack = _SendOp()
-        ack.total, ack.done, ack.dst, ack.deadline = MSG_HEADER_BYTES, 0, src, self._deadline()
-        self._fill_header(ack, 0, 0, 0, MSG_ACK, 0, msg_id)
-        if not self.sendq[src]:  # usually the ring has room: send it now, the sender is waiting
-            self._write(src, ack)
-            if ack.done == ack.total:
+    cdef _send_control(self, int dst, uint64_t kind, uint64_t msg_id, int status=0, int64_t offset=0,
+                       uint64_t nbytes=0, uint64_t addr=0):
+        """Send a header-only control message (ACK, PUSH, PUSHED) about message `msg_id`."""
+        cdef _SendOp ctl = _SendOp()
+        ctl.total, ctl.done, ctl.dst, ctl.deadline = MSG_HEADER_BYTES, 0, dst, self._deadline()
+        self._fill_header(ctl, status, offset, nbytes, kind, addr, msg_id)
+        if not self.sendq[dst]:  # usually the ring has room: send it now, the peer is waiting
+            self._write(dst, ctl)
+            if ctl.done == ctl.total:
                 return
-        self.sendq[src].append(ack)
+        self.sendq[dst].append(ctl)
         self.pending += 1
         self._kick()  # a full ring: the progress thread delivers it
 
@@ -435,6 +447,21 @@ cdef class P2PEngine:
                 if acked is not None:
                     self._finish((<_SendOp>acked).future, None, None, -1)
                 return True
+            if inc.kind == MSG_PUSH:
+                self.incoming[src] = None
+                self._push(src, inc)
+                return True
+            if inc.kind == MSG_PUSHED:
+                self.incoming[src] = None
+                waiting = self.pushes_due.pop((src, inc.msg_id), None)
+                if waiting is not None:
+                    error = waiting[1]
+                    if error is None and inc.dtype:
+                        error = ShmcommError(f"recv from rank {src}: it could not write into this "
+                                             f"buffer: {_os_error_text(inc.dtype)}")
+                    (<_RecvOp>waiting[0]).source = src
+                    self._finish((<_RecvOp>waiting[0]).future, error, (<_RecvOp>waiting[0]).work, src)
+                return True
             if inc.kind == MSG_CMA:
                 inc.got = inc.nbytes  # nothing more comes through the ring
             self._match(inc)
@@ -480,9 +507,19 @@ cdef class P2PEngine:
                 inc.error = CollectiveMismatchError(
                     f"recv: rank {inc.src} sent {inc.nbytes} bytes of {DTYPE_NAMES[inc.dtype]} "
                     f"(tag {inc.tag}) into a buffer of {op.nbytes} bytes of {DTYPE_NAMES[op.dtype]}")
+            if inc.error is None and inc.nbytes >= SHARED_PUSH_BYTES and inc.src != self.comm.rank:
+                # Share the copy: the sender writes the second half while this rank reads the
+                # first; the receive completes when its PUSHED arrives.
+                split = (inc.nbytes // 2) & ~(<size_t>4095)
+                self._send_control(inc.src, MSG_PUSH, inc.msg_id, 0, split, inc.nbytes - split,
+                                   <uint64_t>op.ptr + split)
+                error = self._read_from_sender(inc, op.ptr, split)
+                self._send_control(inc.src, MSG_ACK, inc.msg_id)
+                self.pushes_due[(inc.src, inc.msg_id)] = [op, error]
+                return
             if inc.error is None:
-                inc.error = self._read_from_sender(inc, op.ptr)
-            self._send_ack(inc.src, inc.msg_id)
+                inc.error = self._read_from_sender(inc, op.ptr, inc.nbytes)
+            self._send_control(inc.src, MSG_ACK, inc.msg_id)
         elif inc.error is None and inc.buf is not None:
             if op.nbytes != inc.nbytes or op.dtype != inc.dtype:
                 inc.error = CollectiveMismatchError(
@@ -494,11 +531,29 @@ cdef class P2PEngine:
         op.source = inc.src
         self._finish(op.future, inc.error, op.work, inc.src)
 
-    cdef object _read_from_sender(self, _Incoming inc, char *dst):
-        """Copy a CMA message's payload out of the sender's memory; returns an error or None."""
+    cdef _push(self, int dst, _Incoming req):
+        """A receiver asked for part of a CMA message we sent: write it into its buffer."""
+        cdef _SendOp op = self.acks_due.get(req.msg_id)
+        cdef int err = 0, pid = self.comm.pids[dst]
+        cdef uint64_t remote = req.addr
+        cdef size_t n = req.nbytes
+        cdef char *local
+        if op is None:  # the send already failed here (timeout, abort): tell the receiver
+            self._send_control(dst, MSG_PUSHED, req.msg_id, 5)  # EIO
+            return
+        local = op.ptr + req.tag
+        with nogil:
+            err = capi.shm_cma_write(pid, local, remote, n)
+        self._send_control(dst, MSG_PUSHED, req.msg_id, err)
+        if err:
+            del self.acks_due[req.msg_id]
+            self._finish(op.future, ShmcommError(f"send to rank {dst}: writing into its buffer failed: "
+                                                 f"{_os_error_text(err)}"), None, -1)
+
+    cdef object _read_from_sender(self, _Incoming inc, char *dst, size_t n):
+        """Copy the first n bytes of a CMA message out of the sender's memory; an error or None."""
         cdef int err = 0, pid = self.comm.pids[inc.src]
         cdef uint64_t addr = inc.addr
-        cdef size_t n = inc.nbytes
         if inc.src == self.comm.rank:
             memcpy(dst, <char *>addr, n)
             return None
@@ -606,6 +661,11 @@ cdef class P2PEngine:
             if gone[s.dst] or now >= s.deadline:
                 del self.acks_due[msg_id]
                 self._finish(s.future, self._why(s.dst, gone[s.dst], "send to"), None, -1)
+        for key, waiting in list(self.pushes_due.items()):
+            r = waiting[0]
+            if gone[key[0]] or now >= r.deadline:
+                del self.pushes_due[key]
+                self._finish(r.future, self._why(key[0], gone[key[0]], "recv from"), None, -1)
         everyone_gone = all(gone[q] for q in range(c.size) if q != c.rank)
         for r in list(self.posted):
             if now >= r.deadline or (gone[r.src] if r.src >= 0 else everyone_gone and c.size > 1):
@@ -632,6 +692,9 @@ cdef class P2PEngine:
         for s in self.acks_due.values():
             self._finish(s.future, exc, None, -1)
         self.acks_due.clear()
+        for waiting in self.pushes_due.values():
+            self._finish((<_RecvOp>waiting[0]).future, exc, None, -1)
+        self.pushes_due.clear()
         for inc in self.unexpected:
             if (<_Incoming>inc).target is not None:
                 self._finish((<_Incoming>inc).target.future, exc, None, -1)

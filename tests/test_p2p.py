@@ -125,6 +125,26 @@ def test_blocking_calls_keep_order_with_async_ones_and_a_full_ring():
     assert all(run_ranks(_eager_and_queued_interleave, 2))
 
 
+def _large_both_ways(rank, size):
+    # Messages above 1 MiB share their copy (the sender writes half into the receive buffer): both
+    # ranks sending large messages at once, several in flight, must neither deadlock nor mix up.
+    peer = 1 - rank
+    outs = [np.arange(600_000, dtype=np.float64) * (rank + 1) + i for i in range(3)]
+    works = [sc.isend(o, dst=peer, tag=i) for i, o in enumerate(outs)]
+    for i in reversed(range(3)):
+        got = np.empty(600_000)
+        assert sc.recv(got, src=peer, tag=i) == peer
+        assert np.array_equal(got, np.arange(600_000, dtype=np.float64) * (peer + 1) + i)
+    for w in works:
+        w.wait()
+    return True
+
+
+@pytest.mark.timeout(60)
+def test_large_messages_both_ways_at_once():
+    assert all(run_ranks(_large_both_ways, 2))
+
+
 def _p2p_errors(rank, size):
     if rank == 0:
         with pytest.raises(ValueError, match="dst"):
