@@ -14,6 +14,7 @@ from posix.unistd cimport getpid
 from cpython.exc cimport PyErr_CheckSignals
 
 cdef uint64_t SLICE_NS = 50 * 1000 * 1000  # futex sleep slice: how often health is checked
+cdef uint64_t SPIN_FLOOR_NS = 20 * 1000     # adaptive spinning never goes below this budget
 
 # Descriptor words: kind, dtype, nbytes, root, op, extra.
 cdef enum:
@@ -82,7 +83,8 @@ cdef class Communicator:
     cdef readonly size_t small_bytes
     cdef size_t ring_off, ring_stride, slot_off
     cdef uint32_t step
-    cdef uint64_t spin_ns
+    cdef uint64_t spin_ns        # spin budget now: adapts between SPIN_FLOOR_NS and spin_max_ns
+    cdef uint64_t spin_max_ns
     cdef int yields
     cdef uint64_t deadline_ns
     cdef readonly double timeout
@@ -136,7 +138,7 @@ cdef class Communicator:
         # all_reduce beside a busy loop, 400 us with a 50 us spin, 0.7 us with 5 ms). A rank
         # blocked for seconds still sleeps almost all the time. More ranks than cores: never spin.
         spin_us = _env_bytes("SHMCOMM_SPIN_US", 2000 if size <= usable else 0, 0)
-        self.spin_ns = spin_us * 1000
+        self.spin_ns = self.spin_max_ns = spin_us * 1000
         # More ranks than cores: the peer we wait for needs our core, so give it away with
         # sched_yield for a while (a few hundred microseconds) before sleeping on the futex.
         self.yields = _env_bytes("SHMCOMM_YIELDS", 16 if size <= usable else 256, 0)
@@ -353,7 +355,16 @@ cdef class Communicator:
     cdef int _wait(self, uint32_t *word, uint32_t target, uint32_t *waiters, int peer) except -1 nogil:
         # On the progress thread the caller is computing: sleep soon, leave it the core.
         cdef uint64_t spin = 0 if self.background else self.spin_ns
-        if capi.shm_wait_geq(word, target, waiters, spin, self.yields, SLICE_NS):
+        cdef int got = capi.shm_wait_geq(word, target, waiters, spin, self.yields, SLICE_NS)
+        if spin:
+            # Adaptive spinning: a wait that ended while spinning says peers answer within the
+            # budget, so keep (regrow) it; one that had to sleep says the budget only burnt a
+            # core somebody else needed (a loaded machine), so halve it, down to a floor.
+            if got == 1:
+                self.spin_ns = min(self.spin_max_ns, 2 * self.spin_ns)
+            else:
+                self.spin_ns = max(min(SPIN_FLOOR_NS, self.spin_max_ns), self.spin_ns // 2)
+        if got:
             return 0
         while True:
             self._check_health(peer, target)

@@ -67,7 +67,8 @@ static inline void shm_ring_bell(uint32_t *bell, uint32_t *waiters) {
     if (__atomic_load_n(waiters, __ATOMIC_SEQ_CST)) shm_futex_wake_all(bell);
 }
 
-/* One wait slice: returns 1 once `*word >= target`, 0 when the slice ended first.
+/* One wait slice: returns 1 once `*word >= target` while spinning (or at once), 2 when it got
+ * there only after yielding or sleeping, 0 when the slice ended first.
  * spin_ns: busy-poll budget (0 when ranks outnumber cores); yields: sched_yield rounds;
  * sleep_ns: futex sleep of the slice. */
 static inline int shm_wait_geq(uint32_t *word, uint32_t target, uint32_t *waiters,
@@ -84,7 +85,7 @@ static inline int shm_wait_geq(uint32_t *word, uint32_t target, uint32_t *waiter
     }
     for (int i = 0; i < yields; i++) {
         sched_yield();
-        if (shm_seq_geq(shm_load_acquire(word), target)) return 1;
+        if (shm_seq_geq(shm_load_acquire(word), target)) return 2;
     }
     if (sleep_ns) {
         __atomic_fetch_add(waiters, 1, __ATOMIC_SEQ_CST);
@@ -92,7 +93,7 @@ static inline int shm_wait_geq(uint32_t *word, uint32_t target, uint32_t *waiter
         if (!shm_seq_geq(seen, target)) shm_futex_wait(word, seen, sleep_ns);
         __atomic_fetch_sub(waiters, 1, __ATOMIC_SEQ_CST);
     }
-    return shm_seq_geq(shm_load_acquire(word), target);
+    return shm_seq_geq(shm_load_acquire(word), target) ? 2 : 0;
 }
 
 /* Busy-poll until the 64-bit `*word` differs from `seen` or `spin_ns` passed; returns 1 if it
