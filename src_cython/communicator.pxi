@@ -541,7 +541,7 @@ cdef class Communicator:
         rank r touches slice r of any array, so one step at the end is the only sync; non-root
         arrays of reduce stay as they were."""
         cdef int n = self.size, q, i
-        cdef size_t block = (256 << 10) // itemsize, lo = 0, hi = 0, b, m
+        cdef size_t block = (128 << 10) // itemsize, lo = 0, hi = 0, b, m
         cdef size_t block_bytes = block * itemsize
         cdef char *scratch = self._scratch(n * block_bytes)  # n - 1 inputs and one output
         cdef char *part
