@@ -451,7 +451,7 @@ cdef class Communicator:
         cdef uint32_t s
         cdef size_t nbytes = count * itemsize, chunk, c, off = 0, lo, hi
         cdef bint wants = root < 0 or root == self.rank
-        cdef bint cma
+        cdef bint cma, first
         self._set_desc(K_ALL_REDUCE if root < 0 else K_REDUCE, dtype, nbytes, <uint64_t>root, op)
         if nbytes <= self.small_bytes or nbytes <= <size_t>(64 * n):
             s = self.next_step()
@@ -463,28 +463,38 @@ cdef class Communicator:
                     self.srcs[q] = self.slot(q, s)
                 shm_reduce(ptr, self.srcs, n, count, dtype, op)
             return 0
-        self._set_heap_desc(heap, heap_off)
-        if nbytes >= self.cma_bytes > 0:
-            cma = self._publish_table(&ptr, 1)  # the step that carries the descriptor, too
-        else:
-            self._step()
-            self._check_desc()
-            cma = False
-        if heap and self._all_same_heap():
-            return self._reduce_zero_copy(ptr, count, itemsize, dtype, op, root, heap_off)
-        if cma:
-            for q in range(n):
-                self.ptrs[q] = <char *>self._peer_entry(q, 0)
-            return self._reduce_single_copy(ptr, count, itemsize, dtype, op, root)
+        # Below the single-copy size the descriptor rides on the first chunk's step (no zero copy
+        # there: one sync fewer matters more at these sizes); above it, a step of its own first.
+        first = nbytes < self.cma_bytes
+        if not first:
+            self._set_heap_desc(heap, heap_off)
+            if nbytes >= self.cma_bytes > 0:
+                cma = self._publish_table(&ptr, 1)  # the step that carries the descriptor, too
+            else:
+                self._step()
+                self._check_desc()
+                cma = False
+            if heap and self._all_same_heap():
+                return self._reduce_zero_copy(ptr, count, itemsize, dtype, op, root, heap_off)
+            if cma:
+                for q in range(n):
+                    self.ptrs[q] = <char *>self._peer_entry(q, 0)
+                return self._reduce_single_copy(ptr, count, itemsize, dtype, op, root)
         chunk = self.slot_bytes // itemsize
         while off < count:
             c = min(chunk, count - off)
             s = self.next_step()
-            memcpy(self.slot(self.rank, s), ptr + off * itemsize, c * itemsize)
-            self._step()
             self._slice(c, self.rank, itemsize, &lo, &hi)
+            # Peers need every part of this chunk but this rank's own slice: copy only those.
+            memcpy(self.slot(self.rank, s), ptr + off * itemsize, lo * itemsize)
+            memcpy(self.slot(self.rank, s) + hi * itemsize, ptr + (off + hi) * itemsize, (c - hi) * itemsize)
+            self._step()
+            if first:
+                self._check_desc()
+                first = False
             for q in range(n):
                 self.srcs[q] = self.slot(q, s) + lo * itemsize
+            self.srcs[self.rank] = ptr + (off + lo) * itemsize
             shm_reduce(self.slot(self.rank, s + 1) + lo * itemsize, self.srcs, n, hi - lo, dtype, op)
             self._step()
             if wants:
