@@ -7,6 +7,7 @@ imported directly except through it.
 """
 import os
 import socket
+import sys
 import time
 import weakref
 

@@ -76,9 +76,52 @@ cdef object _torch():
     return _torch_mod
 
 
+cdef object _Tensor = None  # torch.Tensor, once torch is imported (by the user: never here)
+
+
 cdef inline bint _is_torch_tensor(object obj):
-    cdef object mod = type(obj).__module__
-    return mod is not None and mod.startswith("torch") and hasattr(obj, "data_ptr")
+    global _Tensor
+    if _Tensor is None:
+        torch = sys.modules.get("torch")
+        if torch is None or not hasattr(torch, "Tensor"):
+            return False
+        _Tensor = torch.Tensor
+    return isinstance(obj, _Tensor)
+
+
+# (dtype code, itemsize) by torch dtype: reading a tensor's pointer and sizes directly costs
+# ~0.3 us, going through tensor.numpy() cost 2-3 us per call.
+cdef dict _torch_dtype_info = {}
+
+
+cdef tuple _torch_dtype(object dt, str argname):
+    info = _torch_dtype_info.get(dt)
+    if info is None:
+        probe = _torch().empty(0, dtype=dt)
+        try:
+            view, code = _torch_to_numpy(probe, argname)
+            info = (code if code >= 0 else dtype_code(view.dtype), probe.element_size())
+        except TypeError:
+            info = (-1, 0)
+        _torch_dtype_info[dt] = info
+    if info[0] < 0:
+        raise TypeError(f"{argname} has unsupported dtype {dt}")
+    return info
+
+
+cdef object _torch_buf(object t, buf_t *out, str argname):
+    """Fill ``out`` straight from a CPU tensor's storage; the tensor is the owner."""
+    cdef tuple info = _torch_dtype(t.dtype, argname)
+    if not t.is_cpu:
+        raise ValueError(f"{argname} must be a CPU tensor, got a tensor on {t.device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{argname} must be contiguous (call .contiguous() first)")
+    out.dtype = info[0]
+    out.itemsize = info[1]
+    out.count = t.numel()
+    out.nbytes = out.count * out.itemsize
+    out.ptr = <char *><size_t>t.data_ptr()
+    return t
 
 
 cdef object as_buf(object obj, buf_t *out, bint writable, str argname):
@@ -88,7 +131,7 @@ cdef object as_buf(object obj, buf_t *out, bint writable, str argname):
     if isinstance(obj, cnp.ndarray):
         arr = <cnp.ndarray>obj
     elif _is_torch_tensor(obj):
-        arr, forced = _torch_to_numpy(obj, argname)
+        return _torch_buf(obj, out, argname)
     else:
         try:
             view = memoryview(obj)
@@ -114,4 +157,6 @@ def as_numpy(obj, str argname="array", bint writable=False):
     """Return ``(ndarray view, dtype name)`` of ``obj`` exactly as collectives see it."""
     cdef buf_t b
     arr = as_buf(obj, &b, writable, argname)
+    if _is_torch_tensor(arr):
+        arr = _torch_to_numpy(arr, argname)[0]
     return arr, DTYPE_NAMES[b.dtype]

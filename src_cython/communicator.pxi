@@ -1093,8 +1093,9 @@ cdef class Communicator:
         if o.ptr < i.ptr + i.nbytes and i.ptr < o.ptr + o.nbytes:
             # In place (or overlapping): pieces move between different offsets of one array,
             # so a piece could be overwritten before it is sent. Send from a copy.
-            in_owner = np.array(in_owner)
-            as_buf(in_owner, &i, False, "input")
+            in_owner = np.empty(i.nbytes, np.uint8)  # same dtype code and count; new bytes
+            memcpy(cnp.PyArray_DATA(in_owner), i.ptr, i.nbytes)
+            i.ptr = <char *>cnp.PyArray_DATA(in_owner)
         self._set_splits(output_split_sizes, &o, "output_split_sizes", 0, n)
         self._set_splits(input_split_sizes, &i, "input_split_sizes", n, 0)
         if not run:  # validation only: async ops check arguments at the call

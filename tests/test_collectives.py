@@ -184,6 +184,15 @@ def _inputs_of_every_kind(rank, size):
     assert float(t.data[0, 0]) == expected
     with pytest.raises(ValueError, match="contiguous"):
         sc.all_reduce(torch.zeros(4, 4).t())
+    whole = torch.arange(10.0) * (rank + 1)
+    part = whole[3:7]  # contiguous, not at the start of its storage
+    sc.all_reduce(part)
+    assert part.tolist() == [v * sum(range(1, size + 1)) for v in (3.0, 4.0, 5.0, 6.0)]
+    assert whole[:3].tolist() == [v * (rank + 1) for v in (0.0, 1.0, 2.0)]  # untouched
+    empty = torch.empty(0)
+    sc.all_reduce(empty)
+    with pytest.raises(TypeError, match="unsupported dtype"):
+        sc.all_reduce(torch.zeros(2, dtype=torch.complex32))
     # buffer-protocol objects
     a = array.array("d", [rank] * 3)
     sc.all_reduce(a)
