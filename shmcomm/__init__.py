@@ -19,20 +19,36 @@ from shmcomm.errors import (  # noqa: F401
     PeerFailureError,
     ShmcommError,
 )
-from shmcomm._core import Future, collect_all, wait_all  # noqa: F401
 from shmcomm.ops import ReduceOp  # noqa: F401
-from shmcomm.work import Work  # noqa: F401
-from shmcomm.group import (  # noqa: F401
-    ProcessGroup,
-    destroy_process_group,
-    get_rank,
-    get_world_size,
-    init_process_group,
-    is_initialized,
-    new_group,
-)
-from shmcomm.collectives import *  # noqa: F401,F403
-from shmcomm.collectives import __all__ as _collectives_all
+
+try:
+    from shmcomm import _core  # noqa: F401
+except ImportError as exc:  # a broken build must not break `import torch` (entry point) too
+    _CORE_ERROR = exc
+else:
+    _CORE_ERROR = None
+
+if _CORE_ERROR is None:
+    from shmcomm._core import Future, collect_all, wait_all  # noqa: F401
+    from shmcomm.work import Work  # noqa: F401
+    from shmcomm.group import (  # noqa: F401
+        ProcessGroup,
+        destroy_process_group,
+        get_rank,
+        get_world_size,
+        init_process_group,
+        is_initialized,
+        new_group,
+    )
+    from shmcomm.collectives import *  # noqa: F401,F403
+    from shmcomm.collectives import __all__ as _collectives_all
+else:
+    _collectives_all = []
+
+    def __getattr__(name: str):
+        raise ImportError(f"shmcomm.{name} is unavailable: the compiled core shmcomm._core failed to "
+                          f"import ({_CORE_ERROR}); reinstall shmcomm for this Python and numpy "
+                          f"(pip install --force-reinstall shmcomm)") from _CORE_ERROR
 
 __version__ = "0.1.0"
 

@@ -223,3 +223,36 @@ def test_shmrun_all_ops():
     proc = run_script([sys.executable, "-m", "shmcomm.launch", "-n", "2", "all_ops.py"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count(" ok ") == 2, proc.stdout
+
+
+BROKEN_CORE = r"""
+import sys, warnings
+sys.modules["shmcomm._core"] = None  # what a build for another Python or numpy looks like
+import shmcomm
+try:
+    shmcomm.init_process_group
+except ImportError as exc:
+    assert "failed to import" in str(exc), exc
+else:
+    raise SystemExit("no error for a broken core")
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    from shmcomm._torch_entry import autoload
+    autoload()  # what `import torch` runs: must warn, not raise
+assert any("not registered" in str(w.message) for w in caught), [str(w.message) for w in caught]
+print("ok")
+"""
+
+
+@pytest.mark.timeout(120)
+def test_broken_core_breaks_neither_import_shmcomm_nor_the_torch_entry_point():
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", BROKEN_CORE], capture_output=True, text=True, env=env,
+                         timeout=100)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout + out.stderr
+
+
+def test_entry_point_is_the_guarded_autoload():
+    text = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    assert 'shmcomm = "shmcomm._torch_entry:autoload"' in text
