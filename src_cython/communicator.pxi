@@ -612,9 +612,6 @@ cdef class Communicator:
     cdef inline uint64_t _peer_entry(self, int q, int i) noexcept nogil:
         return (<uint64_t *>self.slot(q, self.step))[1 + i]
 
-    cdef int _pull(self, int q, char *dst, uint64_t remote, size_t n) except -1 nogil:
-        return self._cma(q, dst, remote, n, False)
-
     cdef int _cma(self, int q, char *local, uint64_t remote, size_t n, bint write) except -1 nogil:
         """Copy n bytes between ``local`` and address ``remote`` of rank q (write: to rank q)."""
         cdef int err
@@ -646,7 +643,7 @@ cdef class Communicator:
                 # into every receiver (writes), each receiver pulls the rest, so all cores copy.
                 split = (nbytes - nbytes // self.size) & ~(<size_t>4095)
                 if self.rank != root:
-                    self._pull(root, ptr, self._peer_entry(root, 0), split)
+                    self._cma(root, ptr, self._peer_entry(root, 0), split, False)
                 else:
                     for q in range(self.size):
                         if q != root:
@@ -692,7 +689,7 @@ cdef class Communicator:
                 if wants:
                     for i in range(1, n):
                         q = (self.rank + i) % n
-                        self._pull(q, outs[q], self._peer_entry(q, 0), nbytes)
+                        self._cma(q, outs[q], self._peer_entry(q, 0), nbytes, False)
                     if outs[self.rank] != inp:
                         memmove(outs[self.rank], inp, nbytes)
                 self._step()
@@ -729,7 +726,7 @@ cdef class Communicator:
                     if out != ins[root]:
                         memmove(out, ins[root], nbytes)
                 else:
-                    self._pull(root, out, self._peer_entry(root, self.rank), nbytes)
+                    self._cma(root, out, self._peer_entry(root, self.rank), nbytes, False)
                 self._step()
                 return 0
         while first or off < nbytes:
@@ -870,7 +867,7 @@ cdef class Communicator:
             return False
         for i in range(1, n):
             q = (self.rank + i) % n
-            self._pull(q, outs[q], self._peer_entry(q, self.rank), out_bytes[q])
+            self._cma(q, outs[q], self._peer_entry(q, self.rank), out_bytes[q], False)
         if out_bytes[self.rank] and outs[self.rank] != ins[self.rank]:
             memmove(outs[self.rank], ins[self.rank], out_bytes[self.rank])
         self._step()

@@ -4,32 +4,36 @@
 #
 # Why in C: the same chain in Python (module function -> resolve -> method -> rank check -> _op)
 # cost 0.3-0.6 us per call, more than the whole 8-byte broadcast between two ranks (0.36 us).
+from operator import index as _index
+
 from shmcomm.ops import ReduceOp as _ReduceOp, op_code as _op_code
 
 cdef object _SUM = _ReduceOp.SUM
 cdef object _default_group = None  # mirrors shmcomm.group's default group (set_default_group)
 
 
-cdef inline int _op_arg(object op) except -1:
-    if type(op) is _ReduceOp or type(op) is int:
-        return op  # the range is checked with the dtype by Communicator._check_op
+cdef inline int _op_arg(object op) except? -1:
+    if type(op) is _ReduceOp:  # the common case; anything else (names, ints, torch's) by op_code
+        return op
     return _op_code(op)
 
 
-cdef int _rank_slow(object value, str argname) except? -1:
-    if isinstance(value, bool) or not isinstance(value, int):
+cdef object _as_index(object value, str argname):
+    """``value`` as a Python int; TypeError naming ``argname`` for bools and non-integers."""
+    if type(value) is int:
+        return value
+    if not isinstance(value, bool):
         try:
-            import operator
-            return operator.index(value)
+            return _index(value)  # int subclasses, numpy integers
         except TypeError:
-            raise TypeError(f"{argname} must be an int rank, got {type(value).__name__}") from None
-    return value
+            pass
+    raise TypeError(f"{argname} must be an int rank, got {type(value).__name__}")
 
 
 cdef inline int _rank_arg(object value, str argname) except? -1:
     if type(value) is int:  # the common case first: this is on every call's path
         return value
-    return _rank_slow(value, argname)
+    return _as_index(value, argname)
 
 
 def rank_arg(value, str argname):
@@ -40,15 +44,11 @@ def rank_arg(value, str argname):
         >>> rank_arg(3, "dst")
         3
     """
-    if type(value) is int:
-        return value
-    if isinstance(value, bool) or not isinstance(value, int):
-        return _rank_slow(value, argname)
-    return int(value)
+    return _as_index(value, argname)
 
 
 cdef int64_t _tag_arg(object tag) except? -1:
-    tag = _rank_arg(tag, "tag")
+    tag = _as_index(tag, "tag")
     if not -(2**63) <= tag < 2**63:
         raise ValueError(f"tag must fit in 64 bits, got {tag}")
     return tag

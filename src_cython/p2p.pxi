@@ -20,6 +20,7 @@ from cpython.pythread cimport (
     NOWAIT_LOCK, WAIT_LOCK, PyThread_acquire_lock, PyThread_allocate_lock, PyThread_free_lock,
     PyThread_get_thread_ident, PyThread_release_lock, PyThread_type_lock,
 )
+from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy
 
 cdef enum:
@@ -139,7 +140,13 @@ cdef class P2PEngine:
     cdef dict acks_due       # CMA message id -> _SendOp waiting for the receiver's ACK
     cdef dict pushes_due     # (sender, message id) -> [_RecvOp, error] waiting for PUSHED
     cdef uint64_t next_id
-    cdef list known_tail         # per destination: its ring's tail when last read (only grows)
+    cdef uint64_t *known_tail    # per destination: its ring's tail when last read (only grows)
+
+    def __cinit__(self):
+        self.known_tail = NULL
+
+    def __dealloc__(self):
+        free(self.known_tail)
 
     def __init__(self, Communicator comm):
         self.comm = comm
@@ -154,7 +161,9 @@ cdef class P2PEngine:
         self.acks_due = {}
         self.pushes_due = {}
         self.next_id = 0
-        self.known_tail = [0] * comm.size
+        self.known_tail = <uint64_t *>calloc(comm.size, sizeof(uint64_t))
+        if self.known_tail == NULL:
+            raise MemoryError()
 
     # ---- posting ------------------------------------------------------------------------------
     def post_send(self, future, array, int dst, int64_t tag, bint background=True):
@@ -167,7 +176,7 @@ cdef class P2PEngine:
         if self._single_copy(b.nbytes, dst):
             kind, op.total, op.waits_for_ack = MSG_CMA, MSG_HEADER_BYTES, True
             self.next_id += 1
-        self._fill_header(op, b.dtype, tag, b.nbytes, kind, <uint64_t>b.ptr, self.next_id)
+        _pack_header(op.header, b.dtype, tag, b.nbytes, kind, <uint64_t>b.ptr, self.next_id)
         op.deadline = self._deadline()
         self.lock.acquire()
         try:
@@ -319,16 +328,12 @@ cdef class P2PEngine:
             capi.shm_ring_bell(&c.cb(src).bell, &c.cb(src).bell_waiters)
         return 1
 
-    cdef _fill_header(self, _SendOp op, int dtype, int64_t tag, uint64_t nbytes, uint64_t kind,
-                      uint64_t addr, uint64_t msg_id):
-        _pack_header(op.header, dtype, tag, nbytes, kind, addr, msg_id)
-
     cdef _send_control(self, int dst, uint64_t kind, uint64_t msg_id, int status=0, int64_t offset=0,
                        uint64_t nbytes=0, uint64_t addr=0):
         """Send a header-only control message (ACK, PUSH, PUSHED) about message `msg_id`."""
         cdef _SendOp ctl = _SendOp()
         ctl.total, ctl.done, ctl.dst, ctl.deadline = MSG_HEADER_BYTES, 0, dst, self._deadline()
-        self._fill_header(ctl, status, offset, nbytes, kind, addr, msg_id)
+        _pack_header(ctl.header, status, offset, nbytes, kind, addr, msg_id)
         if not self.sendq[dst]:  # usually the ring has room: send it now, the peer is waiting
             self._write(dst, ctl)
             if ctl.done == ctl.total:
@@ -459,8 +464,7 @@ cdef class P2PEngine:
                     if error is None and inc.dtype:
                         error = ShmcommError(f"recv from rank {src}: it could not write into this "
                                              f"buffer: {_os_error_text(inc.dtype)}")
-                    (<_RecvOp>waiting[0]).source = src
-                    self._finish((<_RecvOp>waiting[0]).future, error, (<_RecvOp>waiting[0]).work, src)
+                    self._finish_recv(waiting[0], error, src)
                 return True
             if inc.kind == MSG_CMA:
                 inc.got = inc.nbytes  # nothing more comes through the ring
@@ -528,8 +532,7 @@ cdef class P2PEngine:
             else:
                 src = <char *>inc.buf
                 memcpy(op.ptr, src, inc.nbytes)
-        op.source = inc.src
-        self._finish(op.future, inc.error, op.work, inc.src)
+        self._finish_recv(op, inc.error, inc.src)
 
     cdef _push(self, int dst, _Incoming req):
         """A receiver asked for part of a CMA message we sent: write it into its buffer."""
@@ -564,6 +567,11 @@ cdef class P2PEngine:
         if err == 3:  # ESRCH
             return PeerFailureError(f"recv from rank {inc.src}: the sender (pid {pid}) died", inc.src, pid)
         return ShmcommError(f"recv from rank {inc.src}: reading its memory failed: {_os_error_text(err)}")
+
+    cdef _finish_recv(self, _RecvOp op, error, int source):
+        """Complete a receive matched with a message from ``source``."""
+        op.source = source
+        self._finish(op.future, error, op.work, source)
 
     cdef _finish(self, future, error, work, int source):
         self.pending -= 1

@@ -69,6 +69,22 @@ def test_reductions_single_copy(world):
     run_ranks(_reductions, world, [300, 70001], timeout=220, env=env)
 
 
+def _uneven_all_to_all(n_elems, dtype, rank, size, salt, what, in_place=False):
+    """all_to_all_single where rank s sends n_elems(s, d) elements to rank d, checked against the
+    senders' inputs rebuilt here (in place: one array is both input and output)."""
+    send_splits = [n_elems(rank, q) for q in range(size)]
+    recv_splits = [n_elems(q, rank) for q in range(size)]
+    inp = make_input(dtype, sum(send_splits), rank, salt=salt)
+    out = inp if in_place else np.empty(sum(recv_splits), dtype)
+    sc.all_to_all_single(out, inp, recv_splits, send_splits)
+    expected = []
+    for q in range(size):
+        theirs = make_input(dtype, sum(n_elems(q, d) for d in range(size)), q, salt=salt)
+        start = sum(n_elems(q, d) for d in range(rank))
+        expected.append(theirs[start:start + n_elems(q, rank)])
+    assert_same_bits(out, np.concatenate(expected), what)
+
+
 def _movement(rank, size, sizes):
     """broadcast, all_gather(_into), gather, scatter, all_to_all(_single) for every dtype x size."""
     for dtype in DTYPES:
@@ -107,19 +123,8 @@ def _movement(rank, size, sizes):
                                  f"all_to_all from {q} " + what)
 
             # uneven splits: rank r sends (q + r + count) % 3 elements to rank q
-            def n_elems(src, dst):
-                return (dst + src + count) % 3
-            send_splits = [n_elems(rank, q) for q in range(size)]
-            recv_splits = [n_elems(q, rank) for q in range(size)]
-            inp = make_input(dtype, sum(send_splits), rank, salt=3)
-            out = np.empty(sum(recv_splits), dtype)
-            sc.all_to_all_single(out, inp, recv_splits, send_splits)
-            expected = []
-            for q in range(size):
-                theirs = make_input(dtype, sum(n_elems(q, d) for d in range(size)), q, salt=3)
-                start = sum(n_elems(q, d) for d in range(rank))
-                expected.append(theirs[start:start + n_elems(q, rank)])
-            assert_same_bits(out, np.concatenate(expected), "all_to_all_single " + what)
+            _uneven_all_to_all(lambda src, dst: (dst + src + count) % 3, dtype, rank, size, salt=3,
+                               what="all_to_all_single " + what)
     sc.barrier()
     return True
 
@@ -292,19 +297,8 @@ def _all_to_all_large(rank, size):
     """Pieces above the single-copy threshold: uneven splits, and in place (must not race)."""
     f64, f32 = np.dtype(np.float64), np.dtype(np.float32)
 
-    def n_elems(src, dst):
-        return 3000 + 1000 * ((src + 2 * dst) % 3)
-    send_splits = [n_elems(rank, q) for q in range(size)]
-    recv_splits = [n_elems(q, rank) for q in range(size)]
-    inp = make_input(f64, sum(send_splits), rank, salt=5)
-    out = np.empty(sum(recv_splits))
-    sc.all_to_all_single(out, inp, recv_splits, send_splits)
-    expected = []
-    for q in range(size):
-        theirs = make_input(f64, sum(n_elems(q, d) for d in range(size)), q, salt=5)
-        start = sum(n_elems(q, d) for d in range(rank))
-        expected.append(theirs[start:start + n_elems(q, rank)])
-    assert_same_bits(out, np.concatenate(expected), "all_to_all_single, uneven, single copy")
+    _uneven_all_to_all(lambda src, dst: 3000 + 1000 * ((src + 2 * dst) % 3), f64, rank, size, salt=5,
+                       what="all_to_all_single, uneven, single copy")
 
     want = [make_input(f32, 4000, q * 100 + rank, salt=6) for q in range(size)]
     pieces = [make_input(f32, 4000, rank * 100 + q, salt=6) for q in range(size)]
@@ -318,17 +312,8 @@ def _all_to_all_large(rank, size):
     for base in (1, 3000):  # in place with uneven (symmetric) splits: slots, then single copy
         def sym(src, dst):  # symmetric, so every rank sends as much as it receives
             return base * (1 + (src + dst) % 2) + (src + dst) % 3
-        splits_out = [sym(q, rank) for q in range(size)]
-        splits_in = [sym(rank, q) for q in range(size)]
-        mine = make_input(f64, sum(splits_in), rank, salt=7)
-        buf = mine.copy()
-        sc.all_to_all_single(buf, buf, splits_out, splits_in)
-        expected = []
-        for q in range(size):
-            theirs = make_input(f64, sum(sym(q, d) for d in range(size)), q, salt=7)
-            start = sum(sym(q, d) for d in range(rank))
-            expected.append(theirs[start:start + sym(q, rank)])
-        assert_same_bits(buf, np.concatenate(expected), f"all_to_all_single in place, uneven, {base}")
+        _uneven_all_to_all(sym, f64, rank, size, salt=7, in_place=True,
+                           what=f"all_to_all_single in place, uneven, {base}")
     return True
 
 

@@ -145,6 +145,27 @@ def test_large_messages_both_ways_at_once():
     assert all(run_ranks(_large_both_ways, 2))
 
 
+def _wide_tags_and_bad_arguments(rank, size):
+    big = 2**40 + rank  # tags are 64-bit, not C ints
+    if rank == 0:
+        sc.send(np.arange(3.0), dst=1, tag=2**40 + 1)
+    else:
+        got = np.empty(3)
+        assert sc.recv(got, src=0, tag=big) == 0 and got.tolist() == [0.0, 1.0, 2.0]
+    with pytest.raises(ValueError, match="64 bits"):
+        sc.send(np.ones(1), dst=1 - rank, tag=2**64)
+    with pytest.raises(TypeError, match="dst must be an int"):
+        sc.send(np.ones(1), dst=True)
+    with pytest.raises(ValueError, match="op must be"):
+        sc.all_reduce(np.ones(1), op=-1)
+    return True
+
+
+@pytest.mark.timeout(60)
+def test_wide_tags_and_bad_arguments():
+    assert all(run_ranks(_wide_tags_and_bad_arguments, 2))
+
+
 def _p2p_errors(rank, size):
     if rank == 0:
         with pytest.raises(ValueError, match="dst"):
