@@ -93,8 +93,13 @@ def read_pids(d: Path) -> dict[str, int]:
     before it writes the number, so an empty or partial file is skipped)."""
     pids = {}
     for p in d.iterdir():
-        text = p.read_text().strip()
-        if not p.name.startswith(".") and text.isdigit():
+        if p.name.startswith("."):  # a temporary file, renamed into place once written
+            continue
+        try:
+            text = p.read_text().strip()
+        except FileNotFoundError:
+            continue
+        if text.isdigit():
             pids[p.name] = int(text)
     return pids
 
