@@ -5,7 +5,7 @@ Run from the repository root (takes about three minutes on a 2-core machine)::
     python bench/run_readme.py                 # every step, then bench/results/README_table.md
     python bench/run_readme.py --steps allreduce_n2,all_8B_n2
     python bench/run_readme.py --table-only    # rebuild the summary from the existing JSON files
-    python bench/run_readme.py --repeat 3      # each step three times, keep each row's best time
+    python bench/run_readme.py --rounds 5      # five rounds per size and backend (default 3)
 
 Each step is one ``shmcomm-bench`` command (printed before it runs); it writes
 ``<step>.txt`` (the tables as printed), ``<step>.json`` and ``<step>.csv``, and for the all_reduce
@@ -20,8 +20,8 @@ sweep ``<step>.png`` when matplotlib is installed. The steps:
   allreduce_8B_n8     the same with 8 ranks
 
 Absolute times drift on a shared machine; the ratios between backends measured in one run are the
-robust part. ``--repeat`` keeps, per row, the best time of several runs of the step (the load
-average of every run is in its JSON).
+robust part. Within a step the backends take turns size by size (``shmcomm-bench`` runs them at
+once), and each row keeps the best of ``--rounds`` rounds; every round's time is in the JSON.
 """
 
 from __future__ import annotations
@@ -62,62 +62,26 @@ def have_matplotlib() -> bool:
     return True
 
 
-def run_step(name: str, args: str, plot: bool, repeat: int) -> int:
-    """Run one step ``repeat`` times; keep its text output and JSON/CSV with each row's best time."""
+def run_step(name: str, args: str, plot: bool, rounds: int) -> int:
+    """Run one step (its backends taking turns, ``rounds`` rounds each); keep its text, JSON and CSV."""
     base = os.path.join(RESULTS, name)
     rel = os.path.relpath(base, ROOT)  # the tool runs in ROOT; recorded argv names no machine path
-    argv = shlex.split(args) + ["--json", rel + ".json", "--csv", rel + ".csv"]
+    argv = shlex.split(args) + ["--rounds", str(rounds), "--json", rel + ".json", "--csv", rel + ".csv"]
     if plot and have_matplotlib():
         argv += ["--plot", rel + ".png"]
-    best: dict | None = None
-    loads = []
-    source = source_version()
-    status = 0
-    for i in range(repeat):
-        print(f"$ shmcomm-bench {' '.join(argv)}" + (f"   (run {i + 1}/{repeat})" if repeat > 1 else ""),
-              flush=True)
-        proc = subprocess.run([sys.executable, "-m", "shmcomm.bench", *argv], stdout=subprocess.PIPE,
-                              text=True, env=ENV, cwd=ROOT)
-        sys.stdout.write(proc.stdout)
-        status = status or proc.returncode
-        with open(base + ".json") as f:
-            doc = json.load(f)
-        loads.append(doc["meta"].get("loadavg_before"))
-        doc["meta"]["source"] = source
-        if best is None:
-            best, text = doc, proc.stdout
-        else:
-            best = keep_best(best, doc)
-            text += f"\n# ---- run {i + 1} of {repeat} ----\n" + proc.stdout
+    print(f"$ shmcomm-bench {' '.join(argv)}", flush=True)
+    proc = subprocess.run([sys.executable, "-m", "shmcomm.bench", *argv], stdout=subprocess.PIPE,
+                          text=True, env=ENV, cwd=ROOT)
+    sys.stdout.write(proc.stdout)
     with open(base + ".txt", "w") as f:
-        f.write(f"$ shmcomm-bench {args}\n{text}")
-    best["meta"]["repeat"], best["meta"]["loadavg_runs"] = repeat, loads
-    with open(base + ".json", "w") as f:  # rewritten: adds the source version and the merged rows
-        json.dump(best, f, indent=1)
+        f.write(f"$ shmcomm-bench {' '.join(argv)}\n{proc.stdout}")
+    with open(base + ".json") as f:
+        doc = json.load(f)
+    doc["meta"]["source"] = source_version()
+    with open(base + ".json", "w") as f:  # rewritten: adds the source version
+        json.dump(doc, f, indent=1)
         f.write("\n")
-    rewrite_csv(base + ".csv", best["rows"])
-    return status
-
-
-def _key(row: dict) -> tuple:
-    return row["backend"], row["collective"], row["size"], row["variant"]
-
-
-def keep_best(best: dict, new: dict) -> dict:
-    """Merge two JSON results of one step: per row, the run with the lower time wins."""
-    rows = {_key(r): r for r in best["rows"]}
-    for r in new["rows"]:
-        if _key(r) not in rows or r["time_us"] < rows[_key(r)]["time_us"]:
-            rows[_key(r)] = r
-    best["rows"] = list(rows.values())
-    return best
-
-
-def rewrite_csv(path: str, rows: list[dict]) -> None:
-    """Write ``rows`` with the same columns shmcomm-bench uses."""
-    from shmcomm.bench import write_csv
-
-    write_csv(path, rows)
+    return proc.returncode
 
 
 def load(name: str) -> dict | None:
@@ -244,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", default=",".join(name for name, _, _ in STEPS),
                    help="comma-separated step names (default: all)")
-    p.add_argument("--repeat", type=int, default=1, help="runs per step; each row keeps its best time")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="rounds per size and backend, taking turns; each row keeps its best (default 3)")
     p.add_argument("--table-only", action="store_true", help="only rebuild README_table.md")
     args = p.parse_args(argv)
     os.makedirs(RESULTS, exist_ok=True)
@@ -256,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"unknown step(s): {', '.join(unknown)}")
         for name, cmd, plot in STEPS:
             if name in chosen:
-                status = run_step(name, cmd, plot, max(1, args.repeat)) or status
+                status = run_step(name, cmd, plot, max(1, args.rounds)) or status
     print(write_table())
     return status
 

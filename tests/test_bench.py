@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -352,11 +353,71 @@ def test_a_silent_worker_is_stopped_after_the_timeout(tmp_path):
     log = tmp_path / "w.log"
     log.write_text("still thinking\n")
     quiet = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.PIPE)
+    res = bench.BackendResult("shmcomm", "failed")
+    run = bench.launch._Running(res, [quiet], [str(log)], None, None, timeout=0.5)
     try:
-        res = bench.BackendResult("shmcomm", "failed")
-        assert bench.launch._follow([quiet], [str(log)], res, None, timeout=0.5) is False
+        assert run.next("row") is None and not run.live
         assert "no progress for 0.5 s" in res.reason and "still thinking" in res.reason
     finally:
-        bench.launch._stop([quiet])
-        quiet.stdout.close()
-    assert quiet.returncode is not None
+        run.finish()
+    assert quiet.returncode is not None and res.status == "failed"
+
+
+# ---- turns: backends run at once and take turns size by size ---------------------------------
+@pytest.mark.timeout(10)
+def test_gate_blocks_until_opened_and_stops_the_worker_when_closed(tmp_path):
+    gates = bench.turns.Gates(str(tmp_path), "shmcomm", 2)
+    workers = [bench.turns.Gate(gates.template, r) for r in range(2)]
+    passed = []
+    thread = threading.Thread(target=lambda: (workers[1].wait(), passed.append(1)))
+    thread.start()
+    thread.join(0.3)
+    assert thread.is_alive() and not passed  # nobody opened the gate yet
+    gates.open()
+    thread.join(5)
+    assert passed == [1]
+    workers[0].wait()  # rank 0's byte is waiting for it
+    gates.close()
+    for w in workers:
+        with pytest.raises(bench.turns.GateClosed):
+            w.wait()
+        w.close()
+    bench.turns.Gate(None, 0).wait()  # a worker started without gates never waits
+
+
+@pytest.mark.timeout(10)
+def test_best_of_rounds_keeps_the_fastest_round_and_every_time():
+    def row(size, rnd, t, wrong):
+        return {"collective": "all_reduce", "size": size, "round": rnd,
+                "results": {"in-place": {"time_us": t, "rank_times_us": [t, t / 2], "wrong": wrong}}}
+    merged = bench.report._best_of_rounds([row(8, 0, 3.0, 0), row(64, 0, 9.0, 0), row(8, 1, 2.0, 1),
+                                           row(64, 1, 10.0, 0), row(8, 2, 4.0, 0)])
+    assert [(r["size"], r["results"]["in-place"]["time_us"]) for r in merged] == [(8, 2.0), (64, 9.0)]
+    best8 = merged[0]["results"]["in-place"]
+    assert best8["round_times_us"] == [3.0, 2.0, 4.0] and best8["rank_times_us"] == [2.0, 1.0]
+    assert best8["wrong"] == 1  # a wrong element in any round counts
+    unchecked = bench.report._best_of_rounds([row(8, 0, 3.0, None), row(8, 1, 2.0, None)])
+    assert unchecked[0]["results"]["in-place"]["wrong"] is None
+
+
+@pytest.mark.timeout(180)
+def test_backends_take_turns_size_by_size_with_rounds(capsys, tmp_path):
+    pytest.importorskip("torch")
+    js = tmp_path / "turns.json"
+    status, out, err = run_main(capsys, "all_reduce", "-n", "2", "-b", "8", "-e", "64", "-f", "8",
+                                "--iters", "3", "--warmup", "1", "--rounds", "2", "--check",
+                                "--backend", "shmcomm,gloo", "--json", str(js))
+    assert status == 0, out + err
+    done = re.findall(r"^\[(\w+)\] \d+/4 all_reduce (\d+) B", err, re.M)
+    # Each size: every backend once per round, the order alternating, before the next size.
+    assert done == [("shmcomm", "8"), ("gloo", "8"), ("gloo", "8"), ("shmcomm", "8"),
+                    ("shmcomm", "64"), ("gloo", "64"), ("gloo", "64"), ("shmcomm", "64")]
+    assert "best of 2 rounds" in out and "# Out of bounds values : 0 OK" in out
+    doc = json.loads(js.read_text())
+    assert doc["meta"]["rounds"] == 2
+    recs = doc["rows"]
+    assert sorted((r["backend"], r["size"]) for r in recs) == [("gloo", 8), ("gloo", 64),
+                                                              ("shmcomm", 8), ("shmcomm", 64)]
+    for r in recs:
+        assert len(r["round_times_us"]) == 2 and r["time_us"] == min(r["round_times_us"])
+        assert r["wrong"] == 0

@@ -15,7 +15,7 @@ import traceback
 
 from .common import (BACKENDS, COLLECTIVES, EXIT_USAGE, PROG, _DTYPES, _OP_ALIASES, _OPS, BenchError,
                      _is_float, _numpy_dtype)
-from .launch import _cores, run_backend
+from .launch import _cores, run_backends
 from .measure import _worker_main
 from .report import (_header, _import_pyplot, _Progress, _records, format_ratios, format_table, write_csv,
                      write_json, write_plot)
@@ -107,7 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-time", type=float, default=0.1, metavar="SECONDS",
                    help="aim of the automatic iteration count, per size and variant (default 0.1)")
     p.add_argument("--backend", type=_backends_arg, default=["shmcomm"],
-                   help="comma-separated: shmcomm,gloo,mpi (default shmcomm)")
+                   help="comma-separated: shmcomm,gloo,mpi (default shmcomm); they run at the same "
+                   "time and take turns size by size")
+    p.add_argument("--rounds", type=_positive_int, default=1,
+                   help="measure every size this many times per backend, taking turns, and report "
+                   "the best (default 1)")
     p.add_argument("--zero-copy", action="store_true", help="shmcomm buffers from sc.empty (shared memory)")
     p.add_argument("--check", action="store_true", help="verify results against numpy (#wrong column)")
     p.add_argument("--json", metavar="FILE", help="write every row of every backend as JSON")
@@ -158,7 +162,7 @@ def _config(args, collectives: list[str]) -> dict:
             "sizes": sweep_sizes(args.minbytes, args.maxbytes, args.stepfactor),
             "dtype": args.dtype, "op": args.op, "iters": args.iters, "warmup": args.warmup,
             "target_time": args.target_time, "zero_copy": args.zero_copy, "check": args.check,
-            "timeout": args.timeout}
+            "timeout": args.timeout, "rounds": args.rounds}
 
 
 def _loadavg() -> float | None:
@@ -180,15 +184,14 @@ def run(args: argparse.Namespace, out=None) -> int:
     collectives = list(COLLECTIVES) if args.collective == "all" else [args.collective]
     cfg = _config(args, collectives)
     itemsize = _numpy_dtype(args.dtype).itemsize
-    total = sum(len(collective_sizes(c, cfg["sizes"], args.nranks, itemsize)) for c in collectives)
+    total = args.rounds * sum(len(collective_sizes(c, cfg["sizes"], args.nranks, itemsize))
+                              for c in collectives)
     progress = _Progress(total, enabled=not args.quiet)
     mpi_args = shlex.split(args.mpirun_args) if args.mpirun_args else []
-    results = []
     load_before = _loadavg()
     try:
-        for backend in args.backend:
-            results.append(run_backend(backend, args.nranks, cfg, progress, args.timeout, mpi_args))
-            progress.finish()
+        results = run_backends(args.backend, args.nranks, cfg, progress, args.timeout, mpi_args)
+        progress.finish()
     except KeyboardInterrupt:
         progress.finish()
         print(f"{PROG}: interrupted", file=sys.stderr)
@@ -229,6 +232,7 @@ def run(args: argparse.Namespace, out=None) -> int:
     meta = {"tool": PROG, "argv": getattr(args, "argv", None), "nranks": args.nranks, "cores": _cores(),
             "collectives": collectives, "sizes": cfg["sizes"], "dtype": args.dtype, "op": args.op,
             "iters": args.iters, "warmup": args.warmup, "target_time": args.target_time,
+            "rounds": args.rounds,
             "zero_copy": args.zero_copy, "check": args.check, "loadavg_before": load_before,
             "loadavg_after": load_after, "python": platform.python_version(),
             "machine": platform.machine(), "date": datetime.datetime.now().isoformat(timespec="seconds")}
@@ -254,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         main(["all_reduce", "-n", "2", "-b", "8", "-e", "1K", "--check"])
     """
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["--worker"]:  # internal: one rank of a sweep, started by run_backend
+    if argv[:1] == ["--worker"]:  # internal: one rank of a sweep, started by run_backends
         if len(argv) != 4 or argv[2] != "--config":
             print(f"{PROG}: usage: --worker BACKEND --config JSON", file=sys.stderr)
             return EXIT_USAGE

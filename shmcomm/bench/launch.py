@@ -4,6 +4,7 @@ workers' last words."""
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import json
 import os
@@ -18,6 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from .common import _MARK
+from .turns import Gates
 
 _TAIL_LINES = 15
 
@@ -177,28 +179,152 @@ def _stop(procs) -> None:
 
 def run_backend(backend: str, nranks: int, cfg: dict, progress=None, timeout: float = 300.0,
                 mpi_args: list[str] | None = None) -> BackendResult:
-    """Run the sweep described by ``cfg`` on ``backend`` with ``nranks`` ranks; never raises for
-    a failing or missing backend (see ``BackendResult.status``).
-
-    ``progress(backend, row)`` is called for every size as it completes; ``timeout`` is how long
-    the workers may go without finishing a size before they are stopped::
+    """Run the sweep described by ``cfg`` on ``backend`` alone; see ``run_backends``::
 
         res = run_backend("shmcomm", 2, cfg)
         res.status, len(res.rows)
     """
-    ok, reason = backend_available(backend)
-    if not ok:
-        return BackendResult(backend, "skipped", reason)
-    why = _static_skip(backend, cfg["dtype"], cfg["op"])
-    if why:
-        return BackendResult(backend, "skipped", why)
-    cfg = dict(cfg, nranks=nranks)
-    result = BackendResult(backend, "failed")
-    with tempfile.TemporaryDirectory(prefix="shmcomm-bench-") as logdir:
-        procs, logs, result.command, job = _launch(backend, nranks, cfg, logdir, mpi_args or [])
+    return run_backends([backend], nranks, cfg, progress, timeout, mpi_args)[0]
+
+
+def run_backends(backends: list[str], nranks: int, cfg: dict, progress=None, timeout: float = 300.0,
+                 mpi_args: list[str] | None = None) -> list[BackendResult]:
+    """Run the sweep described by ``cfg`` on every backend, ``nranks`` ranks each, and return one
+    result per backend in order; never raises for a failing or missing backend (see
+    ``BackendResult.status``).
+
+    Every backend's workers start at once and take turns (see ``turns``): each size, and each of
+    ``cfg["rounds"]`` rounds of it, is measured by one backend after the other, the order
+    alternating, so machine drift hits all of them alike. ``progress(backend, row)`` is called for
+    every round of every size; ``timeout`` is how long a backend may take to start or to finish
+    one size before it is stopped::
+
+        shm, mpi = run_backends(["shmcomm", "mpi"], 2, cfg)
+    """
+    results: dict[str, BackendResult] = {}
+    running: list[_Running] = []
+    with tempfile.TemporaryDirectory(prefix="shmcomm-bench-") as tmp:
         try:
-            finished = _follow(procs, logs, result, progress, timeout)
-            if finished:
+            for backend in backends:
+                why = _why_not(backend, cfg)
+                if why:
+                    results[backend] = BackendResult(backend, "skipped", why)
+                    continue
+                run = _Running.start(backend, nranks, cfg, tmp, mpi_args or [], timeout, progress)
+                running.append(run)
+                results[backend] = run.result
+            for run in running:  # all initialised (MPI's start-up is CPU-heavy) before anyone measures
+                run.next("start")
+            turn = 0
+            while any(run.live for run in running):
+                for run in running if turn % 2 == 0 else running[::-1]:
+                    if run.live:
+                        run.gates.open()
+                        run.next("row")
+                turn += 1
+        finally:
+            for run in running:
+                run.finish()
+    return [results[b] for b in backends]
+
+
+def _why_not(backend: str, cfg: dict) -> str | None:
+    """Why ``backend`` cannot run here or cannot run this dtype/op; None if it can."""
+    ok, reason = backend_available(backend)
+    return _static_skip(backend, cfg["dtype"], cfg["op"]) if ok else reason
+
+
+class _Running:
+    """One backend's workers while they run: rank 0's event stream, every rank's gate, the result.
+
+    ``next(kind)`` handles events until one of that kind; when the run ends instead (done, skipped
+    or failed) ``live`` turns False. ``finish()`` reaps or stops the workers and checks /dev/shm.
+    """
+
+    def __init__(self, result: BackendResult, procs, logs, job, gates, timeout: float, progress=None):
+        self.result, self.procs, self.logs, self.job, self.gates = result, procs, logs, job, gates
+        self.timeout, self.progress = timeout, progress
+        self.live, self.finished = True, False  # finished: rank 0 said "done" or "skip"
+        self._pending, self._events = b"", collections.deque()
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(procs[0].stdout, selectors.EVENT_READ)
+
+    @classmethod
+    def start(cls, backend, nranks, cfg, tmp, mpi_args, timeout, progress) -> "_Running":
+        gates = Gates(tmp, backend, nranks)
+        cfg = dict(cfg, nranks=nranks, gate=gates.template)
+        result = BackendResult(backend, "failed")
+        try:
+            procs, logs, result.command, job = _launch(backend, nranks, cfg, tmp, mpi_args)
+        except BaseException:
+            gates.close()
+            raise
+        return cls(result, procs, logs, job, gates, timeout, progress)
+
+    def next(self, kind: str) -> dict | None:
+        """Handle rank 0's events until one of ``kind`` (returned); None if the run ended."""
+        last = time.monotonic()
+        while self.live:
+            while self._events:  # one read can bring several events (the last row and "done")
+                event = self._events.popleft()
+                last = time.monotonic()
+                if self._handle(event) == kind:
+                    return event
+                if not self.live:
+                    return None
+            self._read(0.2)
+            if self._events:
+                continue
+            if self.live and any(p.poll() not in (None, 0) for p in self.procs):
+                self.live = False  # a rank failed; finish() names it
+            elif self.live and time.monotonic() - last > self.timeout:
+                self.live = False
+                self.result.reason = (f"no progress for {self.timeout:g} s (a hang?); workers stopped\n"
+                                      + _failure_text(self.result.backend, self.procs, self.logs))
+        return None
+
+    def _read(self, wait: float) -> None:
+        """Queue rank 0's events that arrive within ``wait`` seconds; other lines go to stderr."""
+        if not self._sel.select(wait):
+            return
+        chunk = os.read(self.procs[0].stdout.fileno(), 1 << 16)
+        if not chunk:  # rank 0 (or mpirun) closed stdout before "done": it died
+            self.live = False
+            return
+        self._pending += chunk
+        *lines, self._pending = self._pending.split(b"\n")
+        for raw in lines:
+            line = raw.decode(errors="replace")
+            if line.startswith(_MARK):
+                self._events.append(json.loads(line[len(_MARK):]))
+            elif line.strip():  # e.g. a library's notice; keep it visible
+                print(f"[{self.result.backend}] {line}", file=sys.stderr)
+
+    def _handle(self, event: dict) -> str:
+        kind, result = event.get("event"), self.result
+        if kind == "row":
+            result.rows.append(event)
+            if self.progress:
+                self.progress(result.backend, event)
+        elif kind == "start":
+            result.versions = event.get("versions", {})
+        elif kind == "note":
+            result.notes.append((event["collective"], event["reason"]))
+        elif kind == "skip":
+            result.status, result.reason = "skipped", event["reason"]
+            self.live, self.finished = False, True
+        elif kind == "done":
+            self.live, self.finished = False, True
+        return kind
+
+    def finish(self) -> None:
+        """Reap the workers (stop them if they still run), close everything, check /dev/shm."""
+        result, procs = self.result, self.procs
+        self.live = False
+        if self.gates is not None:
+            self.gates.close()  # workers waiting at a gate see end of file and stop
+        try:
+            if self.finished:
                 try:
                     for p in procs:
                         p.wait(timeout=30)
@@ -212,64 +338,18 @@ def run_backend(backend: str, nranks: int, cfg: dict, progress=None, timeout: fl
                        and not any(p.poll() not in (None, 0) for p in procs)):
                     time.sleep(0.05)
             bad = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode not in (0, None)]
-            if finished and not bad:
+            if self.finished and not bad:
                 result.status = "skipped" if result.status == "skipped" else "ok"
             elif not result.reason:
-                result.reason = _failure_text(backend, procs, logs)
+                result.reason = _failure_text(result.backend, procs, self.logs)
         finally:
             _stop(procs)
+            self._sel.close()
             for p in procs:
                 if p.stdout:
                     p.stdout.close()
-            if job is not None:
-                _remove_leftovers(job, result)
-    return result
-
-
-def _follow(procs, logs, result: BackendResult, progress, timeout: float) -> bool:
-    """Read rank 0's events until "done"; False if a worker failed or went quiet too long."""
-    out = procs[0].stdout
-    sel = selectors.DefaultSelector()
-    sel.register(out, selectors.EVENT_READ)
-    pending, last = b"", time.monotonic()
-    try:
-        while True:
-            if sel.select(0.2):
-                chunk = os.read(out.fileno(), 1 << 16)
-                if not chunk:
-                    return False  # rank 0 (or mpirun) closed stdout before "done": it died
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for raw in lines:
-                    line = raw.decode(errors="replace")
-                    if not line.startswith(_MARK):
-                        if line.strip():  # e.g. a library's notice; keep it visible
-                            print(f"[{result.backend}] {line}", file=sys.stderr)
-                        continue
-                    last = time.monotonic()
-                    event = json.loads(line[len(_MARK):])
-                    kind = event.get("event")
-                    if kind == "row":
-                        result.rows.append(event)
-                        if progress:
-                            progress(result.backend, event)
-                    elif kind == "start":
-                        result.versions = event.get("versions", {})
-                    elif kind == "note":
-                        result.notes.append((event["collective"], event["reason"]))
-                    elif kind == "skip":
-                        result.status, result.reason = "skipped", event["reason"]
-                        return True
-                    elif kind == "done":
-                        return True
-            if any(p.poll() not in (None, 0) for p in procs):
-                return False
-            if time.monotonic() - last > timeout:
-                result.reason = (f"no progress for {timeout:g} s (a hang?); workers stopped\n"
-                                 + _failure_text(result.backend, procs, logs))
-                return False
-    finally:
-        sel.close()
+            if self.job is not None:
+                _remove_leftovers(self.job, result)
 
 
 def _failure_text(backend: str, procs, logs) -> str:

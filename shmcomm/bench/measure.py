@@ -13,6 +13,7 @@ import numpy as np
 
 from .common import _MARK, VARIANTS, _numpy_dtype
 from .sizes import collective_sizes
+from .turns import Gate, GateClosed
 from .verify import _SENTINEL, _count_wrong, _pattern, _reference
 from .workers import _WORKERS, _Worker
 
@@ -147,7 +148,9 @@ def _worker_main(backend: str, cfg: dict) -> int:
         if os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")) == "0":
             _emit({"event": "skip", "reason": f"{type(exc).__name__}: {exc}"})
         return 0
+    gate = None
     try:
+        gate = Gate(cfg.get("gate"), wk.rank)
         if wk.rank == 0:
             _emit({"event": "start", "versions": wk.versions(), "nranks": wk.size})
         dtype = _numpy_dtype(cfg["dtype"])
@@ -157,18 +160,24 @@ def _worker_main(backend: str, cfg: dict) -> int:
                     _emit({"event": "note", "collective": collective, "reason": "needs at least 2 ranks"})
                 continue
             for count, chunk in collective_sizes(collective, cfg["sizes"], wk.size, dtype.itemsize):
-                row = {"event": "row", "collective": collective, "count": count, "chunk": chunk,
-                       "size": count * dtype.itemsize, "results": {}}
-                for variant in VARIANTS:
-                    case = _build_case(wk, cfg, collective, variant, count, chunk)
-                    if case is not None:
-                        row["results"][variant] = _measure(wk, cfg, case, collective)
-                    del case  # frees (zero-copy: unmaps) the buffers before the next size
-                if wk.rank == 0:
-                    _emit(row)
+                for turn in range(cfg.get("rounds", 1)):
+                    gate.wait()  # other backends measure while this one sleeps here
+                    row = {"event": "row", "collective": collective, "count": count, "chunk": chunk,
+                           "size": count * dtype.itemsize, "round": turn, "results": {}}
+                    for variant in VARIANTS:
+                        case = _build_case(wk, cfg, collective, variant, count, chunk)
+                        if case is not None:
+                            row["results"][variant] = _measure(wk, cfg, case, collective)
+                        del case  # frees (zero-copy: unmaps) the buffers before the next size
+                    if wk.rank == 0:
+                        _emit(row)
         wk.barrier()
         if wk.rank == 0:
             _emit({"event": "done"})
+    except GateClosed:
+        return 1  # the parent stopped the run (another failure, or Ctrl-C); it reports why
     finally:
+        if gate is not None:
+            gate.close()
         wk.close()
     return 0

@@ -15,12 +15,32 @@ from .launch import BackendResult, _cores
 from .sizes import busbw_factor, format_size
 
 
+def _best_of_rounds(rows: list[dict]) -> list[dict]:
+    """One row per (collective, size): per variant the round with the lowest time, with every
+    round's time in ``round_times_us`` and the wrong elements of all rounds added up."""
+    merged: dict[tuple, dict] = {}
+    for row in rows:
+        key = row["collective"], row["size"]
+        if key not in merged:
+            merged[key] = dict(row, results={})
+        into = merged[key]["results"]
+        for variant, m in row["results"].items():
+            prev = into.get(variant)
+            if prev is None:
+                into[variant] = dict(m, round_times_us=[m["time_us"]])
+                continue
+            best = m if m["time_us"] < prev["time_us"] else prev
+            wrong = None if m["wrong"] is None else (prev["wrong"] or 0) + m["wrong"]  # None: no --check
+            into[variant] = dict(best, round_times_us=prev["round_times_us"] + [m["time_us"]], wrong=wrong)
+    return list(merged.values())
+
+
 def _records(results: list[BackendResult], nranks: int, cfg: dict) -> list[dict]:
-    """One flat record per (backend, collective, size, variant) that was measured."""
+    """One flat record per (backend, collective, size, variant) that was measured (the best round)."""
     dtype = _numpy_dtype(cfg["dtype"])
     records = []
     for res in results:
-        for row in res.rows:
+        for row in _best_of_rounds(res.rows):
             coll = row["collective"]
             for variant in VARIANTS:
                 m = row["results"].get(variant)
@@ -38,7 +58,7 @@ def _records(results: list[BackendResult], nranks: int, cfg: dict) -> list[dict]
                     "time_us": m["time_us"], "algbw_GBps": algbw, "busbw_GBps": algbw * factor,
                     "busbw_factor": factor, "wrong": m["wrong"], "iters": m["iters"],
                     "warmup": m["warmup"], "zero_copy": bool(cfg["zero_copy"]) and res.backend == "shmcomm",
-                    "rank_times_us": m["rank_times_us"],
+                    "rank_times_us": m["rank_times_us"], "round_times_us": m["round_times_us"],
                 })
     return records
 
@@ -80,6 +100,8 @@ def _header(res: BackendResult, args, collective: str) -> str:
     if res.backend == "shmcomm":
         mode = ", zero-copy (sc.empty)" if args.zero_copy else ", numpy buffers (copy)"
     iters = f"{args.iters} iters" if args.iters else f"auto iters (~{args.target_time:g} s per size)"
+    if args.rounds > 1:
+        iters += f", best of {args.rounds} rounds"
     return (f"# {PROG} {collective} | backend {res.backend} ({version}{mode}) | {args.nranks} ranks on "
             f"{_cores()} cores | {iters}, check {'on' if args.check else 'off'}")
 
@@ -298,7 +320,8 @@ class _Progress:
         self.done[backend] = done = self.done.get(backend, 0) + 1
         times = ", ".join(f"{'oop' if v == 'out-of-place' else 'ip'} {_fmt_time(m['time_us'])} us"
                           for v, m in row["results"].items())
-        text = (f"[{backend}] {done}/{self.total} {row['collective']} {format_size(row['size'])}: "
+        text = (f"[{backend}] {done}/{self.total} {row['collective']} {format_size(row['size'])}"
+                + (f" (round {row['round'] + 1})" if row.get("round") else "") + ": "
                 f"{times} ({time.monotonic() - self.started:.0f} s)")
         if self.tty:
             width = shutil.get_terminal_size((100, 20)).columns - 1

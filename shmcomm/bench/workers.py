@@ -158,6 +158,11 @@ class _ShmcommWorker(_TorchLikeWorker):
         self.all_gather_into = sc.all_gather_into
         self.reduce_scatter_into = sc.reduce_scatter_into
 
+    def supports(self, collective, variant):
+        if collective == "all_to_all":  # all_to_all_single(out, out) is in place here, unlike torch's
+            return True
+        return super().supports(collective, variant)
+
     def alloc(self, count, dtype):
         # sc.empty is collective: every rank allocates the same buffers in the same order.
         return self.api.empty(count, dtype) if self.zero_copy else np.empty(count, dtype)
