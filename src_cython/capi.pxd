@@ -66,6 +66,11 @@ cdef extern from "shm_layout.h" nogil:
     void shm_ring_get(char *dst, const char *data, size_t cap, uint64_t pos, size_t n)
 
 
+cdef extern from "shm_copy.h" nogil:
+    void shm_copy_stream(char *dst, const char *src, size_t n)
+    void shm_move_out(char *dst, const char *src, size_t n, size_t total)
+
+
 cdef extern from "reduce_kernels.h" nogil:
     enum:
         SHM_BOOL, SHM_INT8, SHM_UINT8, SHM_INT16, SHM_UINT16, SHM_INT32, SHM_UINT32, SHM_INT64

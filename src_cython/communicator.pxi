@@ -69,6 +69,18 @@ def _boot_id():
         return ""
 
 
+cdef char *_grown(char **buf, size_t *cap, size_t nbytes, const char *what) except NULL nogil:
+    """``*buf`` with room for at least ``nbytes`` (kept across calls: grown, never shrunk)."""
+    cdef char *grown
+    if nbytes > cap[0]:
+        grown = <char *>realloc(buf[0], nbytes)
+        if grown == NULL:
+            with gil:
+                raise MemoryError(f"no memory for a {nbytes}-byte {what.decode()} buffer")
+        buf[0], cap[0] = grown, nbytes
+    return buf[0]
+
+
 cdef class Communicator:
     """The compiled side of a process group (internal: use ``shmcomm.init_process_group``)."""
     cdef Segment seg
@@ -101,6 +113,8 @@ cdef class Communicator:
     cdef size_t heap_stride_now
     cdef char *scratch            # private cache-sized buffer for single-copy reductions
     cdef size_t scratch_bytes
+    cdef char *staging            # kept across calls (no page faults): in-place all_to_all's input copy
+    cdef size_t staging_bytes
     cdef bint cma_ok              # single-copy reads from peers work here (probed at start)
     cdef readonly size_t cma_bytes  # pieces at least this large use them
     cdef public bint background  # ops run on the progress thread (set by shmcomm.work.OpQueue)
@@ -117,6 +131,8 @@ cdef class Communicator:
         self.sizes = NULL
         self.scratch = NULL
         self.scratch_bytes = 0
+        self.staging = NULL
+        self.staging_bytes = 0
         self.closed = True
 
     def __init__(self, str job, str part, int rank, int size, double timeout):
@@ -501,8 +517,8 @@ cdef class Communicator:
                 for i in range(n):
                     q = (self.rank + i) % n
                     self._slice(c, q, itemsize, &lo, &hi)
-                    memcpy(ptr + (off + lo) * itemsize, self.slot(q, s + 1) + lo * itemsize,
-                           (hi - lo) * itemsize)
+                    shm_move_out(ptr + (off + lo) * itemsize, self.slot(q, s + 1) + lo * itemsize,
+                                 (hi - lo) * itemsize, nbytes)
             off += c
         return 0
 
@@ -536,7 +552,8 @@ cdef class Communicator:
                 shm_reduce(ptr + b * itemsize, self.srcs, n, m, dtype, op)
                 for i in range(1, n):
                     q = (self.rank + i) % n
-                    memcpy(first + q * self.heap_stride_now + b * itemsize, ptr + b * itemsize, m * itemsize)
+                    shm_move_out(first + q * self.heap_stride_now + b * itemsize, ptr + b * itemsize,
+                                 m * itemsize, count * itemsize)
             else:
                 shm_reduce(first + root * self.heap_stride_now + b * itemsize, self.srcs, n, m, dtype, op)
             b += m
@@ -580,14 +597,10 @@ cdef class Communicator:
         return 0
 
     cdef char *_scratch(self, size_t nbytes) except NULL nogil:
-        cdef char *grown
-        if nbytes > self.scratch_bytes:
-            grown = <char *>realloc(self.scratch, nbytes)
-            if grown == NULL:
-                with gil:
-                    raise MemoryError(f"{self.op_name}: no memory for a {nbytes}-byte scratch buffer")
-            self.scratch, self.scratch_bytes = grown, nbytes
-        return self.scratch
+        return _grown(&self.scratch, &self.scratch_bytes, nbytes, "scratch")
+
+    cdef char *_staging(self, size_t nbytes) except NULL nogil:
+        return _grown(&self.staging, &self.staging_bytes, nbytes, "staging")
 
     # ---- single copy: peers read each other's arrays in place ----------------------------------
     # For large pieces every rank publishes a table of its array addresses with the descriptor;
@@ -660,7 +673,7 @@ cdef class Communicator:
                 self._check_desc()
                 first = False
             if self.rank != root:
-                memcpy(ptr + off, self.slot(root, s), c)
+                shm_move_out(ptr + off, self.slot(root, s), c, nbytes)
             off += c
         return 0
 
@@ -677,8 +690,7 @@ cdef class Communicator:
             first = False
             if self._publish_table(outs if wants else &inp, n if wants else 1):
                 if wants:
-                    if outs[self.rank] != inp:
-                        memmove(outs[self.rank], inp, nbytes)
+                    shm_move_out(outs[self.rank], inp, nbytes, nbytes)
                 else:
                     self._cma(root, inp, self._peer_entry(root, self.rank), nbytes, True)
                 self._step()
@@ -690,8 +702,7 @@ cdef class Communicator:
                     for i in range(1, n):
                         q = (self.rank + i) % n
                         self._cma(q, outs[q], self._peer_entry(q, 0), nbytes, False)
-                    if outs[self.rank] != inp:
-                        memmove(outs[self.rank], inp, nbytes)
+                    shm_move_out(outs[self.rank], inp, nbytes, nbytes)
                 self._step()
                 return 0
         while first or off < nbytes:
@@ -706,10 +717,9 @@ cdef class Communicator:
                 for i in range(n):
                     q = (self.rank + i) % n
                     if q == self.rank:
-                        if outs[q] + off != inp + off:
-                            memmove(outs[q] + off, inp + off, c)
+                        shm_move_out(outs[q] + off, inp + off, c, nbytes)
                     else:
-                        memcpy(outs[q] + off, self.slot(q, s), c)
+                        shm_move_out(outs[q] + off, self.slot(q, s), c, nbytes)
             off += c
         return 0
 
@@ -723,8 +733,7 @@ cdef class Communicator:
             first = False
             if self._publish_table(ins if self.rank == root else NULL, self.size):
                 if self.rank == root:
-                    if out != ins[root]:
-                        memmove(out, ins[root], nbytes)
+                    shm_move_out(out, ins[root], nbytes, nbytes)
                 else:
                     self._cma(root, out, self._peer_entry(root, self.rank), nbytes, False)
                 self._step()
@@ -741,10 +750,9 @@ cdef class Communicator:
                 self._check_desc()
                 first = False
             if self.rank == root:
-                if out + off != ins[root] + off:
-                    memmove(out + off, ins[root] + off, c)
+                shm_move_out(out + off, ins[root] + off, c, nbytes)
             else:
-                memcpy(out + off, self.slot(root, s) + self.rank * cap, c)
+                shm_move_out(out + off, self.slot(root, s) + self.rank * cap, c, nbytes)
             off += c
         return 0
 
@@ -836,8 +844,7 @@ cdef class Communicator:
                 self._set_desc(K_ALL_TO_ALL_V, dtype, 0, 0, 0)  # for the table's step
                 if self._all_to_all_single_copy(outs, ins, in_bytes, out_bytes):
                     return 0
-        if out_bytes[self.rank] and outs[self.rank] != ins[self.rank]:
-            memmove(outs[self.rank], ins[self.rank], out_bytes[self.rank])
+        shm_move_out(outs[self.rank], ins[self.rank], out_bytes[self.rank], out_bytes[self.rank])
         while first or off < most:
             s = self.next_step()
             for q in range(n):
@@ -849,27 +856,29 @@ cdef class Communicator:
                 first = False
             for q in range(n):
                 if q != self.rank and out_bytes[q] > off:
-                    memcpy(outs[q] + off, self.slot(q, s) + self.rank * cap, min(cap, out_bytes[q] - off))
+                    shm_move_out(outs[q] + off, self.slot(q, s) + self.rank * cap,
+                                 min(cap, out_bytes[q] - off), out_bytes[q])
             off += cap
         return 0
 
     cdef bint _all_to_all_single_copy(self, char **outs, char **ins, size_t *in_bytes,
                                       size_t *out_bytes) except -1 nogil:
         """Pull every piece for this rank straight from its sender; False (nothing done) when some
-        rank cannot, or some rank's outputs overlap its inputs (in place: a peer could still be
-        reading a piece this rank is overwriting), and the slots must carry it."""
+        rank cannot, or some rank's outputs overlap the inputs its peers read (in place: a peer
+        could still be reading a piece this rank is overwriting), and the slots must carry it. Its
+        own piece may sit exactly in place: no peer reads it."""
         cdef int q, i, n = self.size
         cdef size_t in_lo = <size_t>-1, in_hi = 0, out_lo = <size_t>-1, out_hi = 0
-        for q in range(n):  # the address spans of this rank's input and output pieces
-            in_lo, in_hi = min(in_lo, <size_t>ins[q]), max(in_hi, <size_t>ins[q] + in_bytes[q])
+        for q in range(n):  # the address spans of the input pieces peers read, and of the outputs
+            if q != self.rank or ins[q] != outs[q]:
+                in_lo, in_hi = min(in_lo, <size_t>ins[q]), max(in_hi, <size_t>ins[q] + in_bytes[q])
             out_lo, out_hi = min(out_lo, <size_t>outs[q]), max(out_hi, <size_t>outs[q] + out_bytes[q])
         if not self._publish_table(ins, n, in_hi <= out_lo or out_hi <= in_lo):
             return False
         for i in range(1, n):
             q = (self.rank + i) % n
             self._cma(q, outs[q], self._peer_entry(q, self.rank), out_bytes[q], False)
-        if out_bytes[self.rank] and outs[self.rank] != ins[self.rank]:
-            memmove(outs[self.rank], ins[self.rank], out_bytes[self.rank])
+        shm_move_out(outs[self.rank], ins[self.rank], out_bytes[self.rank], out_bytes[self.rank])
         self._step()
         return True
 
@@ -1087,19 +1096,33 @@ cdef class Communicator:
         if o.dtype != i.dtype:
             raise ValueError(f"output dtype {DTYPE_NAMES[o.dtype]} differs from input dtype "
                              f"{DTYPE_NAMES[i.dtype]}")
-        if o.ptr < i.ptr + i.nbytes and i.ptr < o.ptr + o.nbytes:
-            # In place (or overlapping): pieces move between different offsets of one array,
-            # so a piece could be overwritten before it is sent. Send from a copy.
-            in_owner = np.empty(i.nbytes, np.uint8)  # same dtype code and count; new bytes
-            memcpy(cnp.PyArray_DATA(in_owner), i.ptr, i.nbytes)
-            i.ptr = <char *>cnp.PyArray_DATA(in_owner)
         self._set_splits(output_split_sizes, &o, "output_split_sizes", 0, n)
         self._set_splits(input_split_sizes, &i, "input_split_sizes", n, 0)
         if not run:  # validation only: async ops check arguments at the call
             return
         self._begin("all_to_all_single")
         with nogil:
+            if o.ptr < i.ptr + i.nbytes and i.ptr < o.ptr + o.nbytes:
+                self._stage_inputs(self.ptrs + n, self.ptrs, self.sizes)
             self._all_to_all(self.ptrs, self.ptrs + n, self.sizes, self.sizes + n, o.dtype, False)
+
+    cdef int _stage_inputs(self, char **ins, char **outs, size_t *in_bytes) except -1 nogil:
+        """In place (or overlapping): pieces move between offsets of one array, so a piece could be
+        overwritten before it is sent. Send every piece from a copy in the kept staging buffer,
+        except this rank's own piece when it stays exactly where it is (nobody else reads it)."""
+        cdef int q
+        cdef size_t total = 0
+        cdef char *at
+        for q in range(self.size):
+            if q != self.rank or ins[q] != outs[q]:
+                total += in_bytes[q]
+        at = self._staging(max(total, 1))
+        for q in range(self.size):
+            if q != self.rank or ins[q] != outs[q]:
+                memcpy(at, ins[q], in_bytes[q])
+                ins[q] = at
+                at += in_bytes[q]
+        return 0
 
     cpdef barrier(self, bint run=True):
         if not run:  # validation only: async ops check arguments at the call
@@ -1189,3 +1212,4 @@ cdef class Communicator:
                     close(self.pidfds[r])
         free(self.pidfds); free(self.pids); free(self.srcs); free(self.ptrs); free(self.sizes)
         free(self.scratch)
+        free(self.staging)

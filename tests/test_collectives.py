@@ -321,3 +321,62 @@ def _all_to_all_large(rank, size):
 @pytest.mark.parametrize("world", [2, 3])
 def test_all_to_all_single_copy_uneven_and_in_place(world):
     assert all(run_ranks(_all_to_all_large, world, timeout=100, env={"SHMCOMM_CMA_BYTES": 1024}))
+
+
+def _offset_view(dtype, count, offset):
+    """``count`` elements starting ``offset`` elements into a fresh array: a destination that is
+    not 16-byte aligned, so streaming copies take their unaligned head and tail paths."""
+    return np.zeros(count + offset + 1, dtype)[offset:offset + count]
+
+
+def _large_outputs(rank, size):
+    """Outputs of 8 MiB and more (written with streaming stores) into unaligned views, odd sizes."""
+    for dtype, count, offset in ((np.dtype(np.float32), 2_100_001, 1), (np.dtype(np.int8), 8_400_007, 3)):
+        what = f"{dtype.name} count={count} offset={offset}"
+        inputs = [make_input(dtype, count, r, salt=8) for r in range(size)]
+        root = size - 1
+        b = _offset_view(dtype, count, offset)
+        b[...] = inputs[rank]
+        sc.broadcast(b, src=root)
+        assert_same_bits(b, inputs[root], "broadcast " + what)
+
+        whole = _offset_view(dtype, count * size, offset)
+        sc.all_gather_into(whole, inputs[rank])
+        assert_same_bits(whole, np.concatenate(inputs), "all_gather_into " + what)
+        in_place = _offset_view(dtype, count * size, offset)
+        in_place[rank * count:(rank + 1) * count] = inputs[rank]
+        sc.all_gather_into(in_place, in_place[rank * count:(rank + 1) * count])
+        assert_same_bits(in_place, np.concatenate(inputs), "all_gather_into in place " + what)
+
+        gl = [_offset_view(dtype, count, offset) for _ in range(size)] if rank == root else None
+        sc.gather(inputs[rank], gl, dst=root)
+        for q in range(size if rank == root else 0):
+            assert_same_bits(gl[q], inputs[q], f"gather from {q} " + what)
+
+        mine = _offset_view(dtype, count, offset)
+        sc.scatter(mine, inputs if rank == root else None, src=root)
+        assert_same_bits(mine, inputs[rank], "scatter " + what)
+
+        sends = np.concatenate([make_input(dtype, count, rank * 100 + q, salt=9) for q in range(size)])
+        want = np.concatenate([make_input(dtype, count, q * 100 + rank, salt=9) for q in range(size)])
+        out = _offset_view(dtype, count * size, offset)
+        sc.all_to_all_single(out, sends)
+        assert_same_bits(out, want, "all_to_all_single " + what)
+        sc.all_to_all_single(sends, sends)  # in place: sent from the kept staging copy
+        assert_same_bits(sends, want, "all_to_all_single in place " + what)
+
+        shared = sc.empty(count, dtype)  # zero copy: results streamed into every peer's array
+        shared[...] = inputs[rank]
+        sc.all_reduce(shared)
+        assert_same_bits(shared, reduce_reference(inputs, "SUM"), "all_reduce sc.empty " + what)
+        del shared
+    sc.barrier()
+    return True
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("world, env", [(2, {}), (3, {}), (2, {"SHMCOMM_CMA_BYTES": 0}),
+                                        (3, {"SHMCOMM_CMA_BYTES": 0, "SHMCOMM_SLOT_BYTES": 65536})])
+def test_large_outputs_into_unaligned_views(world, env):
+    """Single copy (default) and the slot pipeline (CMA off) both stream large results."""
+    assert all(run_ranks(_large_outputs, world, timeout=170, env=env))

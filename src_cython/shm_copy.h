@@ -1,0 +1,63 @@
+/* Copies whose destination will not be read again soon.
+ *
+ * A normal store first reads the destination's cache line from memory ("read for ownership"), so
+ * copying n bytes into memory that is not cached moves 3n bytes: read the source, read the
+ * destination, write it back. Streaming (non-temporal) stores write whole lines without reading
+ * them: 2n (one 32 MiB copy here: 3.3-3.9 ms with glibc's memcpy, 2.1-2.3 ms streamed).
+ * memcpy chooses by the size of each call alone; collectives copy a large result in pieces (slot
+ * chunks, blocks, one piece per rank) and know the whole, so they choose here. */
+#ifndef SHMCOMM_COPY_H
+#define SHMCOMM_COPY_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+static inline void shm_copy_stream(char *dst, const char *src, size_t n) {
+#if defined(__SSE2__)
+    size_t head = (16 - ((uintptr_t)dst & 15)) & 15, body, i;
+    if (n < 4096) { /* small: the line reads do not matter, the fence would */
+        memcpy(dst, src, n);
+        return;
+    }
+    memcpy(dst, src, head);
+    dst += head, src += head, n -= head;
+    body = n & ~(size_t)63;
+    for (i = 0; i < body; i += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
+        __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
+        __m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
+        _mm_stream_si128((__m128i *)(dst + i), a);
+        _mm_stream_si128((__m128i *)(dst + i + 16), b);
+        _mm_stream_si128((__m128i *)(dst + i + 32), c);
+        _mm_stream_si128((__m128i *)(dst + i + 48), d);
+    }
+    memcpy(dst + body, src + body, n - body);
+    _mm_sfence(); /* streaming stores are weakly ordered: complete them before any later flag store */
+#else
+    memcpy(dst, src, n);
+#endif
+}
+
+/* Results of at least this many bytes in all are written with streaming stores. Smaller ones can
+ * stay in the shared last-level cache (every rank's outputs together), where the caller's next read
+ * finds them; measured on a 2-core VM with 32 MiB of L3, streaming from 1 MiB made 2 MiB
+ * all_gathers slower and 32 MiB ones faster. */
+#define SHM_STREAM_MIN_BYTES ((size_t)8 << 20)
+
+/* Copy n bytes of a result into an output array, part of a transfer of `total` bytes: streaming
+ * stores when the transfer is large and the ranges do not overlap, else memmove. */
+static inline void shm_move_out(char *dst, const char *src, size_t n, size_t total) {
+    if (dst == src || n == 0)
+        return;
+    if (total < SHM_STREAM_MIN_BYTES || (dst < src + n && src < dst + n))
+        memmove(dst, src, n);
+    else
+        shm_copy_stream(dst, src, n);
+}
+
+#endif
