@@ -18,6 +18,8 @@ sweep ``<step>.png`` when matplotlib is installed. The steps:
   all_32M_n2          every collective at 32 MiB, shmcomm vs mpi, --check
   allreduce_8B_n4     all_reduce at 8 B with 4 ranks (mpirun gets --oversubscribe on 2 cores)
   allreduce_8B_n8     the same with 8 ranks
+  copy_floor_32M_n2   bench/bench_copy_floor.py: 32 MiB all_reduce (numpy and sc.empty arrays)
+                      against one np.copyto of 32 MiB, interleaved in the same processes
 
 Absolute times drift on a shared machine; the ratios between backends measured in one run are the
 robust part. Within a step the backends take turns size by size (``shmcomm-bench`` runs them at
@@ -50,6 +52,7 @@ STEPS = [
     ("allreduce_8B_n4", "all_reduce -n 4 -b 8 -e 8 --backend shmcomm,mpi", False),
     ("allreduce_8B_n8", "all_reduce -n 8 -b 8 -e 8 --backend shmcomm,mpi", False),
 ]
+COPY_FLOOR = "copy_floor_32M_n2"  # not a shmcomm-bench step: bench_copy_floor.py
 VARIANTS = ("out-of-place", "in-place")
 
 
@@ -81,6 +84,19 @@ def run_step(name: str, args: str, plot: bool, rounds: int) -> int:
     with open(base + ".json", "w") as f:  # rewritten: adds the source version
         json.dump(doc, f, indent=1)
         f.write("\n")
+    return proc.returncode
+
+
+def run_copy_floor(rounds: int) -> int:
+    """bench_copy_floor.py at 32 MiB (``rounds`` x 3 rounds: its rounds are short); text and JSON."""
+    base = os.path.join(RESULTS, COPY_FLOOR)
+    argv = ["bench/bench_copy_floor.py", "--size", "32M", "--rounds", str(3 * rounds),
+            "--json", os.path.relpath(base, ROOT) + ".json"]
+    print(f"$ python {' '.join(argv)}", flush=True)
+    proc = subprocess.run([sys.executable, *argv], stdout=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
+    sys.stdout.write(proc.stdout)
+    with open(base + ".txt", "w") as f:
+        f.write(f"$ python {' '.join(argv)}\n{proc.stdout}")
     return proc.returncode
 
 
@@ -189,6 +205,16 @@ def write_table() -> str:
         wrong = sum((r["wrong"] or 0) for d in (small, big) if d for r in d["rows"])
         lines += ["", f"`--check`: {wrong} wrong elements over both sweeps."]
 
+    floor = load(COPY_FLOOR)
+    if floor:
+        med = floor["median_us"]
+        lines += ["", f"## 32 MiB all_reduce against one `np.copyto` of 32 MiB (same processes, median of "
+                  f"{floor['rounds']} interleaved rounds)", "",
+                  "| case | time | / np.copyto |", "|---|---|---|"]
+        for case, label in (("copyto", "one `np.copyto` (rank 0)"), ("numpy", "all_reduce, numpy arrays"),
+                            ("sc.empty", "all_reduce, `sc.empty` arrays")):
+            lines.append(f"| {label} | {fmt(med[case])} | {ratio(med[case], med['copyto'])} |")
+
     over = [(n, load(f"allreduce_8B_n{n}")) for n in (4, 8)]
     if any(doc for _, doc in over):
         lines += ["", "## 8 B all_reduce with more ranks than cores (oversubscribed)", "",
@@ -206,7 +232,7 @@ def write_table() -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the chosen steps, then write the summary; the exit status is non-zero if a step failed."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", default=",".join(name for name, _, _ in STEPS),
+    p.add_argument("--steps", default=",".join([name for name, _, _ in STEPS] + [COPY_FLOOR]),
                    help="comma-separated step names (default: all)")
     p.add_argument("--rounds", type=int, default=3,
                    help="rounds per size and backend, taking turns; each row keeps its best (default 3)")
@@ -216,12 +242,14 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     if not args.table_only:
         chosen = [s.strip() for s in args.steps.split(",") if s.strip()]
-        unknown = sorted(set(chosen) - {name for name, _, _ in STEPS})
+        unknown = sorted(set(chosen) - {name for name, _, _ in STEPS} - {COPY_FLOOR})
         if unknown:
             p.error(f"unknown step(s): {', '.join(unknown)}")
         for name, cmd, plot in STEPS:
             if name in chosen:
                 status = run_step(name, cmd, plot, max(1, args.rounds)) or status
+        if COPY_FLOOR in chosen:
+            status = run_copy_floor(max(1, args.rounds)) or status
     print(write_table())
     return status
 
