@@ -65,8 +65,9 @@ def have_matplotlib() -> bool:
     return True
 
 
-def run_step(name: str, args: str, plot: bool, rounds: int) -> int:
-    """Run one step (its backends taking turns, ``rounds`` rounds each); keep its text, JSON and CSV."""
+def run_step(name: str, args: str, plot: bool, rounds: int, source: str) -> int:
+    """Run one step (its backends taking turns, ``rounds`` rounds each); keep its text, JSON and CSV,
+    the JSON naming ``source``, the checkout measured."""
     base = os.path.join(RESULTS, name)
     rel = os.path.relpath(base, ROOT)  # the tool runs in ROOT; recorded argv names no machine path
     argv = shlex.split(args) + ["--rounds", str(rounds), "--json", rel + ".json", "--csv", rel + ".csv"]
@@ -80,7 +81,7 @@ def run_step(name: str, args: str, plot: bool, rounds: int) -> int:
         f.write(f"$ shmcomm-bench {' '.join(argv)}\n{proc.stdout}")
     with open(base + ".json") as f:
         doc = json.load(f)
-    doc["meta"]["source"] = source_version()
+    doc["meta"]["source"] = source
     with open(base + ".json", "w") as f:  # rewritten: adds the source version
         json.dump(doc, f, indent=1)
         f.write("\n")
@@ -142,7 +143,8 @@ def ratio(a, b) -> str:
 
 
 def source_version() -> str:
-    """The checkout's commit (``+dirty`` with local changes), so results name the code they measured."""
+    """The checkout's commit (``+dirty`` with local changes), so results name the code they measured;
+    taken before the first step rewrites the tracked result files."""
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                               text=True, timeout=10).stdout.strip()
@@ -245,9 +247,10 @@ def main(argv: list[str] | None = None) -> int:
         unknown = sorted(set(chosen) - {name for name, _, _ in STEPS} - {COPY_FLOOR})
         if unknown:
             p.error(f"unknown step(s): {', '.join(unknown)}")
+        source = source_version()
         for name, cmd, plot in STEPS:
             if name in chosen:
-                status = run_step(name, cmd, plot, max(1, args.rounds)) or status
+                status = run_step(name, cmd, plot, max(1, args.rounds), source) or status
         if COPY_FLOOR in chosen:
             status = run_copy_floor(max(1, args.rounds)) or status
     print(write_table())
