@@ -421,3 +421,37 @@ def test_backends_take_turns_size_by_size_with_rounds(capsys, tmp_path):
     for r in recs:
         assert len(r["round_times_us"]) == 2 and r["time_us"] == min(r["round_times_us"])
         assert r["wrong"] == 0
+
+
+@pytest.mark.timeout(120)
+def test_a_backend_that_dies_mid_sweep_leaves_the_others_running():
+    pytest.importorskip("torch")
+    import psutil
+
+    cfg = {"collectives": ["all_reduce"], "sizes": [8, 64, 512], "dtype": "float32", "op": "sum",
+           "iters": 3, "warmup": 1, "target_time": 0.01, "zero_copy": False, "check": True,
+           "timeout": 20, "rounds": 1}
+    killed = []
+
+    def progress(backend, row):  # after shmcomm's first size, SIGKILL its rank 1
+        if backend != "shmcomm" or killed:
+            return
+        for proc in psutil.Process().children(recursive=True):
+            try:
+                if "--worker" in proc.cmdline() and proc.environ().get("RANK") == "1" \
+                        and "shmcomm" in proc.cmdline():
+                    proc.kill()
+                    killed.append(proc.pid)
+            except psutil.Error:  # exited meanwhile
+                pass
+
+    before = {s.name for s in segments.list_segments()}
+    shm, gloo = bench.run_backends(["shmcomm", "gloo"], 2, cfg, progress, timeout=40)
+    assert killed
+    assert shm.status == "failed" and len(shm.rows) == 1
+    assert re.search(r"rank 1 \(pid \d+\) ended with signal 9", shm.reason), shm.reason
+    assert gloo.status == "ok", gloo.reason
+    assert [r["size"] for r in gloo.rows] == [8, 64, 512]
+    assert all(m["wrong"] == 0 for r in gloo.rows for m in r["results"].values())
+    assert {s.name for s in segments.list_segments()} <= before
+
