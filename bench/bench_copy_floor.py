@@ -66,13 +66,9 @@ def _worker(rank: int, size: int, job: str, nbytes: int, rounds: int, iters: int
     conn.send(({case: t[1:] for case, t in times.items()}, ok))
 
 
-def parse_size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper()
-    return int(text[:-1]) * units[text[-1]] if text[-1:] in units else int(text)
-
-
 def main(argv: list[str] | None = None) -> int:
+    from shmcomm.bench.sizes import parse_size  # the size syntax of shmcomm-bench (32M, 1K, ...)
+
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--size", type=parse_size, default=32 << 20, help="bytes per array (default 32M)")
     p.add_argument("-n", "--nranks", type=int, default=2)
@@ -85,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     pipes, procs = [], []
     for r in range(args.nranks):
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_worker, args=(r, args.nranks, job, args.size, args.rounds, args.iters, child))
+        proc = ctx.Process(target=_worker,
+                           args=(r, args.nranks, job, args.size, args.rounds, args.iters, child))
         proc.start()
         pipes.append(parent)
         procs.append(proc)
@@ -96,19 +93,21 @@ def main(argv: list[str] | None = None) -> int:
         print("wrong all_reduce result", file=sys.stderr)
         return 1
     # Per round, the slowest rank's mean (a collective ends when its last rank returns).
-    per_round = {case: [max(t[case][i] for t, _ in results) for i in range(args.rounds)] for case in CASES}
+    per_round = {case: [max(t[case][i] for t, _ in results) for i in range(args.rounds)]
+                 for case in CASES}
     median = {case: statistics.median(v) * 1e6 for case, v in per_round.items()}
     print(f"# {args.size} B, {args.nranks} ranks, float32 sum; median over {args.rounds} rounds of "
           f"{args.iters} calls; per round the slowest rank")
     print(f"{'case':<10}{'median (us)':>14}{'range (us)':>24}{'/ copyto':>10}")
     for case in CASES:
         lo, hi = min(per_round[case]) * 1e6, max(per_round[case]) * 1e6
-        print(f"{case:<10}{median[case]:>14.1f}{f'{lo:.0f}-{hi:.0f}':>24}{median[case] / median['copyto']:>10.2f}")
+        spread = f"{lo:.0f}-{hi:.0f}"
+        print(f"{case:<10}{median[case]:>14.1f}{spread:>24}{median[case] / median['copyto']:>10.2f}")
     if args.json:
         with open(args.json, "w") as f:
+            rounds_us = {c: [t * 1e6 for t in v] for c, v in per_round.items()}
             json.dump({"size": args.size, "nranks": args.nranks, "rounds": args.rounds, "iters": args.iters,
-                       "median_us": median, "round_us": {c: [t * 1e6 for t in v] for c, v in per_round.items()}},
-                      f, indent=1)
+                       "median_us": median, "round_us": rounds_us}, f, indent=1)
     return 0
 
 

@@ -42,6 +42,7 @@ class Communicator:
     small_bytes: int
     timeout: float
     cma_bytes: int
+    stream_bytes: int
     background: bool
     submitted: int
     completed: int

@@ -68,7 +68,7 @@ cdef extern from "shm_layout.h" nogil:
 
 cdef extern from "shm_copy.h" nogil:
     void shm_copy_stream(char *dst, const char *src, size_t n)
-    void shm_move_out(char *dst, const char *src, size_t n, size_t total)
+    void shm_move_out(char *dst, const char *src, size_t n, int stream)
 
 
 cdef extern from "reduce_kernels.h" nogil:

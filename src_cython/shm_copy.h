@@ -5,7 +5,8 @@
  * destination, write it back. Streaming (non-temporal) stores write whole lines without reading
  * them: 2n (one 32 MiB copy here: 3.3-3.9 ms with glibc's memcpy, 2.1-2.3 ms streamed).
  * memcpy chooses by the size of each call alone; collectives copy a large result in pieces (slot
- * chunks, blocks, one piece per rank) and know the whole, so they choose here. */
+ * chunks, blocks, one piece per rank) and know the whole, so the caller chooses (see
+ * Communicator.stream_bytes: results that cannot stay in the last-level cache). */
 #ifndef SHMCOMM_COPY_H
 #define SHMCOMM_COPY_H
 
@@ -43,18 +44,12 @@ static inline void shm_copy_stream(char *dst, const char *src, size_t n) {
 #endif
 }
 
-/* Results of at least this many bytes in all are written with streaming stores. Smaller ones can
- * stay in the shared last-level cache (every rank's outputs together), where the caller's next read
- * finds them; measured on a 2-core VM with 32 MiB of L3, streaming from 1 MiB made 2 MiB
- * all_gathers slower and 32 MiB ones faster. */
-#define SHM_STREAM_MIN_BYTES ((size_t)8 << 20)
-
-/* Copy n bytes of a result into an output array, part of a transfer of `total` bytes: streaming
- * stores when the transfer is large and the ranges do not overlap, else memmove. */
-static inline void shm_move_out(char *dst, const char *src, size_t n, size_t total) {
+/* Copy n bytes of a result into an output array: streaming stores when the caller says the whole
+ * result is too large to stay cached (`stream`) and the ranges do not overlap, else memmove. */
+static inline void shm_move_out(char *dst, const char *src, size_t n, int stream) {
     if (dst == src || n == 0)
         return;
-    if (total < SHM_STREAM_MIN_BYTES || (dst < src + n && src < dst + n))
+    if (!stream || (dst < src + n && src < dst + n))
         memmove(dst, src, n);
     else
         shm_copy_stream(dst, src, n);

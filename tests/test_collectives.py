@@ -330,8 +330,8 @@ def _offset_view(dtype, count, offset):
 
 
 def _large_outputs(rank, size):
-    """Outputs of 8 MiB and more (written with streaming stores) into unaligned views, odd sizes."""
-    for dtype, count, offset in ((np.dtype(np.float32), 2_100_001, 1), (np.dtype(np.int8), 8_400_007, 3)):
+    """Outputs above SHMCOMM_STREAM_BYTES (written with streaming stores) into unaligned views."""
+    for dtype, count, offset in ((np.dtype(np.float32), 300_001, 1), (np.dtype(np.int8), 1_200_007, 3)):
         what = f"{dtype.name} count={count} offset={offset}"
         inputs = [make_input(dtype, count, r, salt=8) for r in range(size)]
         root = size - 1
@@ -365,7 +365,7 @@ def _large_outputs(rank, size):
         sc.all_to_all_single(sends, sends)  # in place: sent from the kept staging copy
         assert_same_bits(sends, want, "all_to_all_single in place " + what)
 
-        shared = sc.empty(count, dtype)  # zero copy: results streamed into every peer's array
+        shared = sc.empty(count, dtype)  # zero copy: results written into every peer's array
         shared[...] = inputs[rank]
         sc.all_reduce(shared)
         assert_same_bits(shared, reduce_reference(inputs, "SUM"), "all_reduce sc.empty " + what)
@@ -374,9 +374,12 @@ def _large_outputs(rank, size):
     return True
 
 
+STREAM = {"SHMCOMM_STREAM_BYTES": 1 << 20}  # the default is half the last-level cache
+
+
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("world, env", [(2, {}), (3, {}), (2, {"SHMCOMM_CMA_BYTES": 0}),
-                                        (3, {"SHMCOMM_CMA_BYTES": 0, "SHMCOMM_SLOT_BYTES": 65536})])
+@pytest.mark.parametrize("world, env", [(2, STREAM), (3, STREAM), (2, {**STREAM, "SHMCOMM_CMA_BYTES": 0}),
+                                        (3, {**STREAM, "SHMCOMM_CMA_BYTES": 0, "SHMCOMM_SLOT_BYTES": 65536})])
 def test_large_outputs_into_unaligned_views(world, env):
     """Single copy (default) and the slot pipeline (CMA off) both stream large results."""
     assert all(run_ranks(_large_outputs, world, timeout=170, env=env))
