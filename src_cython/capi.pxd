@@ -67,7 +67,6 @@ cdef extern from "shm_layout.h" nogil:
 
 
 cdef extern from "shm_copy.h" nogil:
-    void shm_copy_stream(char *dst, const char *src, size_t n)
     void shm_move_out(char *dst, const char *src, size_t n, int stream)
 
 

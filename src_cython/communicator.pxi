@@ -55,9 +55,15 @@ def _env_bytes(str var, size_t default, size_t minimum):
     return value
 
 
+_llc_bytes = None
+
+
 def _last_level_cache_bytes():
-    """Size of the largest cache cpu0 sees (sysfs; glibc's sysconf reports the whole package's on
-    some VMs, 10x too much); 32 MiB when unknown."""
+    """Size of the largest cache cpu0 sees (sysfs, read once; glibc's sysconf reports the whole
+    package's on some VMs, 10x too much); 32 MiB when unknown."""
+    global _llc_bytes
+    if _llc_bytes is not None:
+        return _llc_bytes
     best = 0
     base = "/sys/devices/system/cpu/cpu0/cache"
     try:
@@ -74,7 +80,8 @@ def _last_level_cache_bytes():
         digits = text[:-1] if scale != 1 else text
         if digits.isdigit():
             best = max(best, int(digits) * scale)
-    return best or 32 << 20
+    _llc_bytes = best or 32 << 20
+    return _llc_bytes
 
 
 cdef void _copy_text(char *dst, str text, size_t cap):
@@ -624,6 +631,11 @@ cdef class Communicator:
         self._step()  # every slice written, and arrays untouched until every rank is done
         return 0
 
+    cdef inline void _out(self, char *dst, const char *src, size_t n, size_t total) noexcept nogil:
+        """Copy n bytes of an output of ``total`` bytes in all (overlap allowed): streaming stores
+        from stream_bytes up (not for reductions: their outputs are their cached inputs)."""
+        shm_move_out(dst, src, n, total >= self.stream_bytes)
+
     cdef char *_scratch(self, size_t nbytes) except NULL nogil:
         return _grown(&self.scratch, &self.scratch_bytes, nbytes, "scratch")
 
@@ -701,7 +713,7 @@ cdef class Communicator:
                 self._check_desc()
                 first = False
             if self.rank != root:
-                shm_move_out(ptr + off, self.slot(root, s), c, nbytes >= self.stream_bytes)
+                self._out(ptr + off, self.slot(root, s), c, nbytes)
             off += c
         return 0
 
@@ -718,7 +730,7 @@ cdef class Communicator:
             first = False
             if self._publish_table(outs if wants else &inp, n if wants else 1):
                 if wants:
-                    shm_move_out(outs[self.rank], inp, nbytes, nbytes >= self.stream_bytes)
+                    self._out(outs[self.rank], inp, nbytes, nbytes)
                 else:
                     self._cma(root, inp, self._peer_entry(root, self.rank), nbytes, True)
                 self._step()
@@ -730,7 +742,7 @@ cdef class Communicator:
                     for i in range(1, n):
                         q = (self.rank + i) % n
                         self._cma(q, outs[q], self._peer_entry(q, 0), nbytes, False)
-                    shm_move_out(outs[self.rank], inp, nbytes, nbytes >= self.stream_bytes)
+                    self._out(outs[self.rank], inp, nbytes, nbytes)
                 self._step()
                 return 0
         while first or off < nbytes:
@@ -745,9 +757,9 @@ cdef class Communicator:
                 for i in range(n):
                     q = (self.rank + i) % n
                     if q == self.rank:
-                        shm_move_out(outs[q] + off, inp + off, c, nbytes >= self.stream_bytes)
+                        self._out(outs[q] + off, inp + off, c, nbytes)
                     else:
-                        shm_move_out(outs[q] + off, self.slot(q, s), c, nbytes >= self.stream_bytes)
+                        self._out(outs[q] + off, self.slot(q, s), c, nbytes)
             off += c
         return 0
 
@@ -761,7 +773,7 @@ cdef class Communicator:
             first = False
             if self._publish_table(ins if self.rank == root else NULL, self.size):
                 if self.rank == root:
-                    shm_move_out(out, ins[root], nbytes, nbytes >= self.stream_bytes)
+                    self._out(out, ins[root], nbytes, nbytes)
                 else:
                     self._cma(root, out, self._peer_entry(root, self.rank), nbytes, False)
                 self._step()
@@ -778,10 +790,9 @@ cdef class Communicator:
                 self._check_desc()
                 first = False
             if self.rank == root:
-                shm_move_out(out + off, ins[root] + off, c, nbytes >= self.stream_bytes)
+                self._out(out + off, ins[root] + off, c, nbytes)
             else:
-                shm_move_out(out + off, self.slot(root, s) + self.rank * cap, c,
-                             nbytes >= self.stream_bytes)
+                self._out(out + off, self.slot(root, s) + self.rank * cap, c, nbytes)
             off += c
         return 0
 
@@ -873,8 +884,7 @@ cdef class Communicator:
                 self._set_desc(K_ALL_TO_ALL_V, dtype, 0, 0, 0)  # for the table's step
                 if self._all_to_all_single_copy(outs, ins, in_bytes, out_bytes):
                     return 0
-        shm_move_out(outs[self.rank], ins[self.rank], out_bytes[self.rank],
-                     out_bytes[self.rank] >= self.stream_bytes)
+        self._out(outs[self.rank], ins[self.rank], out_bytes[self.rank], out_bytes[self.rank])
         while first or off < most:
             s = self.next_step()
             for q in range(n):
@@ -886,10 +896,15 @@ cdef class Communicator:
                 first = False
             for q in range(n):
                 if q != self.rank and out_bytes[q] > off:
-                    shm_move_out(outs[q] + off, self.slot(q, s) + self.rank * cap,
-                                 min(cap, out_bytes[q] - off), out_bytes[q] >= self.stream_bytes)
+                    self._out(outs[q] + off, self.slot(q, s) + self.rank * cap,
+                              min(cap, out_bytes[q] - off), out_bytes[q])
             off += cap
         return 0
+
+    cdef inline bint _peers_read(self, int q, char **ins, char **outs) noexcept nogil:
+        """Whether input piece q is read by a peer during all_to_all: all are but this rank's own
+        piece when it stays exactly in place (it goes nowhere)."""
+        return q != self.rank or ins[q] != outs[q]
 
     cdef bint _all_to_all_single_copy(self, char **outs, char **ins, size_t *in_bytes,
                                       size_t *out_bytes) except -1 nogil:
@@ -900,7 +915,7 @@ cdef class Communicator:
         cdef int q, i, n = self.size
         cdef size_t in_lo = <size_t>-1, in_hi = 0, out_lo = <size_t>-1, out_hi = 0
         for q in range(n):  # the address spans of the input pieces peers read, and of the outputs
-            if q != self.rank or ins[q] != outs[q]:
+            if self._peers_read(q, ins, outs):
                 in_lo, in_hi = min(in_lo, <size_t>ins[q]), max(in_hi, <size_t>ins[q] + in_bytes[q])
             out_lo, out_hi = min(out_lo, <size_t>outs[q]), max(out_hi, <size_t>outs[q] + out_bytes[q])
         if not self._publish_table(ins, n, in_hi <= out_lo or out_hi <= in_lo):
@@ -908,8 +923,7 @@ cdef class Communicator:
         for i in range(1, n):
             q = (self.rank + i) % n
             self._cma(q, outs[q], self._peer_entry(q, self.rank), out_bytes[q], False)
-        shm_move_out(outs[self.rank], ins[self.rank], out_bytes[self.rank],
-                     out_bytes[self.rank] >= self.stream_bytes)
+        self._out(outs[self.rank], ins[self.rank], out_bytes[self.rank], out_bytes[self.rank])
         self._step()
         return True
 
@@ -1139,17 +1153,17 @@ cdef class Communicator:
 
     cdef int _stage_inputs(self, char **ins, char **outs, size_t *in_bytes) except -1 nogil:
         """In place (or overlapping): pieces move between offsets of one array, so a piece could be
-        overwritten before it is sent. Send every piece from a copy in the kept staging buffer,
-        except this rank's own piece when it stays exactly where it is (nobody else reads it)."""
+        overwritten before it is sent. Send every piece a peer reads from a copy in the kept
+        staging buffer."""
         cdef int q
         cdef size_t total = 0
         cdef char *at
         for q in range(self.size):
-            if q != self.rank or ins[q] != outs[q]:
+            if self._peers_read(q, ins, outs):
                 total += in_bytes[q]
         at = self._staging(max(total, 1))
         for q in range(self.size):
-            if q != self.rank or ins[q] != outs[q]:
+            if self._peers_read(q, ins, outs):
                 memcpy(at, ins[q], in_bytes[q])
                 ins[q] = at
                 at += in_bytes[q]

@@ -6,7 +6,7 @@
  * them: 2n (one 32 MiB copy here: 3.3-3.9 ms with glibc's memcpy, 2.1-2.3 ms streamed).
  * memcpy chooses by the size of each call alone; collectives copy a large result in pieces (slot
  * chunks, blocks, one piece per rank) and know the whole, so the caller chooses (see
- * Communicator.stream_bytes: results that cannot stay in the last-level cache). */
+ * Communicator._out: outputs that cannot stay in the last-level cache). */
 #ifndef SHMCOMM_COPY_H
 #define SHMCOMM_COPY_H
 
