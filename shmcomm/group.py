@@ -1,7 +1,7 @@
 """Process groups: creation from arguments or the environment, sub-groups, teardown.
 
-A ``ProcessGroup`` owns one shared segment (through the compiled ``Communicator``) and a queue
-that runs its async operations in issue order. Every collective is a method; the module-level
+A ``ProcessGroup`` owns one shared segment through the compiled ``Communicator``, whose progress
+engine runs the group's operations in issue order. Every collective is a method; the module-level
 functions in ``shmcomm.collectives`` call the default group's methods.
 """
 
@@ -16,7 +16,7 @@ from shmcomm import _core
 from shmcomm.errors import AbortedError
 from shmcomm.ops import ReduceOp, op_code
 
-from shmcomm.work import OpQueue, Work
+from shmcomm.work import Work
 
 __all__ = ["ProcessGroup", "init_process_group", "is_initialized", "get_rank", "get_world_size",
            "new_group", "destroy_process_group", "default_group"]
@@ -41,7 +41,6 @@ class ProcessGroup(_core.GroupCore):
         self._comm = comm
         self._global_ranks = list(global_ranks)
         self._name = name
-        self._ops = OpQueue(name, comm)
         self._p2p = _core.P2PEngine(comm)
         self._subgroups = 0
         self._destroyed = False
@@ -72,21 +71,16 @@ class ProcessGroup(_core.GroupCore):
 
     # ---- running operations -----------------------------------------------------------------
     def _op(self, fn, args: tuple, outputs: list, async_op: bool):
-        # GroupCore ran a synchronous op inline already if nothing was queued (ops on one group
-        # are issued from one thread at a time, as with torch.distributed, so no lock): here
-        # the op is async, queued behind others, or the group is gone.
-        if not async_op and self._ops.idle() and not self._destroyed:
-            fn(*args)
-            return None
+        """Run ``fn(*args)`` in issue order: a Work if ``async_op``, else None once it ran.
+
+        A Communicator entry point runs as that collective; any other callable (a composite op
+        of the torch adapter) runs whole, its collectives inside it, before the next op starts.
+        """
         if self._destroyed:
             raise ValueError(f"process group {self._name} was destroyed")
-        if async_op and getattr(fn, "__self__", None) is self._comm:
-            fn(*args, run=False)  # bad arguments raise here, not later from wait()
-        work = self._ops.submit(Work(fn, args, outputs, self.abort))
-        if async_op:
-            return work
-        work.wait()
-        return None
+        if getattr(fn, "__self__", None) is self._comm:
+            return fn(*args, async_op=async_op)
+        return self._comm.submit(fn, tuple(args), outputs, async_op)
 
     def abort(self) -> None:
         """Abort the group on every rank: pending and later ops raise AbortedError.
@@ -96,7 +90,6 @@ class ProcessGroup(_core.GroupCore):
             pg.abort()
         """
         self._comm.abort()
-        self._ops.fail_pending(AbortedError(f"group {self._name} was aborted"))
         self._p2p.fail_all(AbortedError(f"group {self._name} was aborted"))
 
     # ---- collectives: compiled in shmcomm._core.GroupCore ------------------------------------
@@ -108,7 +101,12 @@ class ProcessGroup(_core.GroupCore):
             pg.all_reduce_coalesced([w_grad, b_grad])
         """
         arrays, code = list(arrays), op_code(op)
-        return self._op(_each(self._comm.all_reduce, code), (arrays,), arrays, async_op)
+        reduce_one = self._comm.all_reduce
+
+        def run():
+            for a in arrays:
+                reduce_one(a, code)
+        return self._comm.submit(run, (), arrays, async_op)
 
     # ---- point to point ---------------------------------------------------------------------
     def isend(self, array, dst: int, tag: int = 0) -> Work:
@@ -199,16 +197,11 @@ class ProcessGroup(_core.GroupCore):
         if self._destroyed:
             return
         self._destroyed = True
-        self._ops.stop()
-        self._p2p.close()
-        self._comm.close()
-
-
-def _each(fn, code):
-    def run(arrays):
-        for a in arrays:
-            fn(a, code)
-    return run
+        try:
+            self._comm.drain()  # queued ops run to their end (each bounded by the timeout)
+        finally:
+            self._p2p.close()
+            self._comm.close()
 
 
 _rank_arg = _core.rank_arg

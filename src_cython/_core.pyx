@@ -8,6 +8,7 @@ imported directly except through it.
 import os
 import socket
 import sys
+import threading
 import time
 import weakref
 
@@ -21,7 +22,17 @@ include "errors.pxi"
 include "future.pxi"
 include "segment.pxi"
 include "buffers.pxi"
-include "communicator.pxi"
+include "settings.pxi"
+include "calls.pxi"
+include "engine.pxi"
+include "work.pxi"
+include "coll_reduce.pxi"
+include "coll_broadcast.pxi"
+include "coll_gather.pxi"
+include "coll_scatter.pxi"
+include "coll_reduce_scatter.pxi"
+include "coll_all_to_all.pxi"
+include "coll_barrier.pxi"
 include "p2p.pxi"
 include "group_core.pxi"
 include "rpc_channel.pxi"

@@ -7,6 +7,7 @@ cdef extern from "shm_sync.h" nogil:
     uint64_t shm_load_acquire64(const uint64_t *p)
     void shm_store_release64(uint64_t *p, uint64_t v)
     uint32_t shm_fetch_add(uint32_t *p, uint32_t v)
+    uint32_t shm_fetch_sub(uint32_t *p, uint32_t v)
     void shm_store_seq_cst(uint32_t *p, uint32_t v)
     void shm_store_relaxed(uint32_t *p, uint32_t v)
     int shm_seq_geq(uint32_t a, uint32_t b)
@@ -54,6 +55,8 @@ cdef extern from "shm_layout.h" nogil:
         uint32_t state
         uint64_t probe_addr
         uint32_t cma_ok
+        uint32_t withdrawn
+        uint32_t cma_users
         uint64_t desc[2][8]
         uint32_t bell
         uint32_t bell_waiters
@@ -64,6 +67,28 @@ cdef extern from "shm_layout.h" nogil:
 
     void shm_ring_put(char *data, size_t cap, uint64_t pos, const char *src, size_t n)
     void shm_ring_get(char *dst, const char *data, size_t cap, uint64_t pos, size_t n)
+
+
+cdef extern from "shm_engine.h" nogil:
+    enum:
+        SHM_OP_QUEUED, SHM_OP_RUNNING, SHM_OP_DONE
+        SHM_CLAIM_NONE, SHM_CLAIM_OWN, SHM_CLAIM_NESTED
+    ctypedef struct shm_engine_t:
+        uint32_t done
+        uint32_t done_waiters
+        uint32_t kick
+        uint32_t drivers
+        uint32_t stop
+    int shm_engine_init(shm_engine_t *e)
+    void shm_engine_free(shm_engine_t *e)
+    void shm_engine_kick(shm_engine_t *e)
+    int shm_engine_push(shm_engine_t *e, void *op)
+    void *shm_engine_claim(shm_engine_t *e)
+    int shm_engine_claim_inline(shm_engine_t *e)
+    void shm_engine_release(shm_engine_t *e, int claim, int queued)
+    int shm_engine_idle(shm_engine_t *e)
+    uint64_t shm_engine_pending(shm_engine_t *e)
+    void shm_engine_rest(shm_engine_t *e, uint32_t seen_kick, int deep, uint64_t doze_ns, uint64_t slice_ns)
 
 
 cdef extern from "shm_copy.h" nogil:

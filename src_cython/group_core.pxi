@@ -1,6 +1,5 @@
-# The public collective API's hot path, compiled. A synchronous collective with nothing queued on
-# its group runs inline from here straight into the Communicator's C methods; async ops and ops
-# issued while others are queued go through ProcessGroup._op (Python, shmcomm/group.py).
+# The public collective API's hot path, compiled: argument conversion, then straight into the
+# Communicator, which runs a synchronous call inline and queues an async one (engine.pxi).
 #
 # Why in C: the same chain in Python (module function -> resolve -> method -> rank check -> _op)
 # cost 0.3-0.6 us per call, more than the whole 8-byte broadcast between two ranks (0.36 us).
@@ -95,10 +94,6 @@ cdef class GroupCore:
     cdef public Communicator _comm
     cdef public P2PEngine _p2p
 
-    cdef inline bint _inline(self, bint async_op):
-        cdef Communicator c = self._comm
-        return not async_op and c.submitted == c.completed and not c.closed
-
     cpdef all_reduce(self, array, op=_SUM, bint async_op=False):
         """Reduce ``array`` over all ranks in place; every rank gets the same bits.
 
@@ -107,10 +102,7 @@ cdef class GroupCore:
             x = np.full(3, pg.rank, np.float32); pg.all_reduce(x)   # x == sum of ranks
         """
         cdef int code = _op_arg(op)
-        if self._inline(async_op):
-            self._comm.all_reduce(array, code, True)
-            return None
-        return self._op(self._comm.all_reduce, (array, code), [array], async_op)
+        return self._comm.all_reduce(array, code, async_op)
 
     cpdef broadcast(self, array, src, bint async_op=False):
         """Copy ``array`` of rank ``src`` into ``array`` of every rank.
@@ -120,10 +112,7 @@ cdef class GroupCore:
             pg.broadcast(weights, src=0)
         """
         cdef int root = _rank_arg(src, "src")
-        if self._inline(async_op):
-            self._comm.broadcast(array, root, True)
-            return None
-        return self._op(self._comm.broadcast, (array, root), [array], async_op)
+        return self._comm.broadcast(array, root, async_op)
 
     cpdef reduce(self, array, dst, op=_SUM, bint async_op=False):
         """Reduce into ``array`` of rank ``dst``; other ranks' arrays are unchanged.
@@ -134,10 +123,7 @@ cdef class GroupCore:
         """
         cdef int root = _rank_arg(dst, "dst")
         cdef int code = _op_arg(op)
-        if self._inline(async_op):
-            self._comm.reduce(array, root, code, True)
-            return None
-        return self._op(self._comm.reduce, (array, root, code), [array], async_op)
+        return self._comm.reduce(array, root, code, async_op)
 
     cpdef all_gather(self, output_list, array, bint async_op=False):
         """Fill ``output_list[q]`` with rank q's ``array`` on every rank.
@@ -147,10 +133,7 @@ cdef class GroupCore:
             outs = [np.empty_like(x) for _ in range(pg.size)]; pg.all_gather(outs, x)
         """
         cdef list outs = list(output_list)
-        if self._inline(async_op):
-            self._comm.all_gather(outs, array, True)
-            return None
-        return self._op(self._comm.all_gather, (outs, array), outs, async_op)
+        return self._comm.all_gather(outs, array, async_op)
 
     cpdef all_gather_into(self, output, array, bint async_op=False):
         """Gather every rank's ``array`` into ``output`` (world_size * array.size elements, rank-major).
@@ -159,10 +142,7 @@ cdef class GroupCore:
 
             out = np.empty(pg.size * x.size, x.dtype); pg.all_gather_into(out, x)
         """
-        if self._inline(async_op):
-            self._comm.all_gather_into(output, array, True)
-            return None
-        return self._op(self._comm.all_gather_into, (output, array), [output], async_op)
+        return self._comm.all_gather_into(output, array, async_op)
 
     cpdef gather(self, array, gather_list=None, dst=0, bint async_op=False):
         """Collect every rank's ``array`` into ``gather_list`` on rank ``dst`` (None elsewhere).
@@ -174,10 +154,7 @@ cdef class GroupCore:
         """
         cdef int root = _rank_arg(dst, "dst")
         outs = list(gather_list) if gather_list is not None else None
-        if self._inline(async_op):
-            self._comm.gather(array, outs, root, True)
-            return None
-        return self._op(self._comm.gather, (array, outs, root), outs or [], async_op)
+        return self._comm.gather(array, outs, root, async_op)
 
     cpdef scatter(self, array, scatter_list=None, src=0, bint async_op=False):
         """Fill ``array`` on rank q with ``scatter_list[q]`` of rank ``src`` (None elsewhere).
@@ -188,10 +165,7 @@ cdef class GroupCore:
         """
         cdef int root = _rank_arg(src, "src")
         ins = list(scatter_list) if scatter_list is not None else None
-        if self._inline(async_op):
-            self._comm.scatter(array, ins, root, True)
-            return None
-        return self._op(self._comm.scatter, (array, ins, root), [array], async_op)
+        return self._comm.scatter(array, ins, root, async_op)
 
     cpdef reduce_scatter(self, output, input_list, op=_SUM, bint async_op=False):
         """``output`` on rank r = reduction over ranks of their ``input_list[r]``.
@@ -202,10 +176,7 @@ cdef class GroupCore:
         """
         cdef list ins = list(input_list)
         cdef int code = _op_arg(op)
-        if self._inline(async_op):
-            self._comm.reduce_scatter(output, ins, code, True)
-            return None
-        return self._op(self._comm.reduce_scatter, (output, ins, code), [output], async_op)
+        return self._comm.reduce_scatter(output, ins, code, async_op)
 
     cpdef reduce_scatter_into(self, output, input, op=_SUM, bint async_op=False):
         """Like reduce_scatter with ``input`` holding world_size * output.size elements, rank-major.
@@ -215,10 +186,7 @@ cdef class GroupCore:
             pg.reduce_scatter_into(out, np.ones(pg.size * out.size, out.dtype))
         """
         cdef int code = _op_arg(op)
-        if self._inline(async_op):
-            self._comm.reduce_scatter_into(output, input, code, True)
-            return None
-        return self._op(self._comm.reduce_scatter_into, (output, input, code), [output], async_op)
+        return self._comm.reduce_scatter_into(output, input, code, async_op)
 
     cpdef all_to_all(self, output_list, input_list, bint async_op=False):
         """``output_list[q]`` on rank r receives ``input_list[r]`` of rank q.
@@ -228,10 +196,7 @@ cdef class GroupCore:
             pg.all_to_all(outs, [np.full(2, pg.rank * 10 + q) for q in range(pg.size)])
         """
         cdef list outs = list(output_list), ins = list(input_list)
-        if self._inline(async_op):
-            self._comm.all_to_all(outs, ins, True)
-            return None
-        return self._op(self._comm.all_to_all, (outs, ins), outs, async_op)
+        return self._comm.all_to_all(outs, ins, async_op)
 
     cpdef all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None,
                           bint async_op=False):
@@ -242,11 +207,7 @@ cdef class GroupCore:
             pg.all_to_all_single(out, inp)      # equal parts
             pg.all_to_all_single(out, inp, [1, 3], [2, 2])
         """
-        if self._inline(async_op):
-            self._comm.all_to_all_single(output, input, output_split_sizes, input_split_sizes, True)
-            return None
-        args = (output, input, output_split_sizes, input_split_sizes)
-        return self._op(self._comm.all_to_all_single, args, [output], async_op)
+        return self._comm.all_to_all_single(output, input, output_split_sizes, input_split_sizes, async_op)
 
     cpdef barrier(self, bint async_op=False):
         """Wait until every rank of the group reached the barrier.
@@ -255,10 +216,7 @@ cdef class GroupCore:
 
             pg.barrier()
         """
-        if self._inline(async_op):
-            self._comm.barrier(True)
-            return None
-        return self._op(self._comm.barrier, (), [], async_op)
+        return self._comm.barrier(async_op)
 
     # ---- point to point (blocking; isend/irecv are in ProcessGroup) --------------------------
     cpdef send(self, array, dst, tag=0):

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #define SHM_MAGIC 0x006D6D6F636D6873ull /* "shmcomm\0" */
-#define SHM_VERSION 2u
+#define SHM_VERSION 3u
 #define SHM_HEADER_BYTES 4096
 #define SHM_CB_BYTES 512
 #define SHM_RING_CTRL_BYTES 256
@@ -45,7 +45,9 @@ typedef struct {
     uint32_t state;          /* 12: SHM_RANK_* */
     uint64_t probe_addr;     /* 16: address of `pid` in this rank's own mapping (single-copy probe) */
     uint32_t cma_ok;         /* 24: this rank can read every peer's memory (set after the probe) */
-    char pad0[100];
+    uint32_t withdrawn;      /* 28: set once an op of this rank failed: its published addresses are void */
+    uint32_t cma_users;      /* 32: peers copying from/to this rank's memory right now (the lease) */
+    char pad0[92];
     uint64_t desc[2][SHM_DESC_WORDS]; /* 128: what collective this rank called, by step parity */
     uint32_t bell;           /* 256: rung when a ring to or from this rank moves (futex word) */
     uint32_t bell_waiters;   /* 260 */

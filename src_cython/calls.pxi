@@ -1,0 +1,137 @@
+# One call of a collective: its kind, its validated arguments and pointer tables, and its state.
+#
+# Every call owns its arguments (as mpi4py's per-call message objects do): an async op keeps its
+# _Call in its Work and in the group's in-flight list, so nothing a later call validates can reach
+# an op that is still queued or running. A synchronous call fills the group's one inline _Call,
+# which only the thread holding the engine touches.
+from cpython.ref cimport PyObject
+from libc.stdlib cimport calloc, free
+
+# ---- the registry of kinds: descriptor word 0, and how a mismatch describes each ----------------
+cdef enum:
+    K_BARRIER = 1
+    K_ALL_REDUCE
+    K_BROADCAST
+    K_REDUCE
+    K_ALL_GATHER
+    K_GATHER
+    K_SCATTER
+    K_REDUCE_SCATTER
+    K_ALL_TO_ALL
+    K_ALL_TO_ALL_V
+    K_ALLOC
+    K_PYTHON          # a Python callable run in issue order (composite ops of the torch adapter)
+
+# kind: (name, what its descriptor carries: "d"type, "n"bytes, "r"oot, "o"p)
+KINDS = {
+    K_BARRIER: ("barrier", ""), K_ALL_REDUCE: ("all_reduce", "dno"),
+    K_BROADCAST: ("broadcast", "dnr"), K_REDUCE: ("reduce", "dnro"),
+    K_ALL_GATHER: ("all_gather", "dn"), K_GATHER: ("gather", "dnr"), K_SCATTER: ("scatter", "dnr"),
+    K_REDUCE_SCATTER: ("reduce_scatter", "dno"), K_ALL_TO_ALL: ("all_to_all", "dn"),
+    K_ALL_TO_ALL_V: ("all_to_all_single", "dn"), K_ALLOC: ("empty/zeros", "n"),
+    K_PYTHON: ("operation", ""),
+}
+KIND_NAMES = {k: v[0] for k, v in KINDS.items()}
+OP_NAMES = ("SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR")
+
+
+cdef str describe_call(const uint64_t *d):
+    """One rank's descriptor as text: ``all_reduce(dtype=float32, nbytes=16, op=SUM)``."""
+    name, fields = KINDS.get(d[0], (f"kind {d[0]}", "dnro"))
+    args = []
+    if "d" in fields:
+        args.append(f"dtype={DTYPE_NAMES[d[1]] if d[1] < len(DTYPE_NAMES) else d[1]}")
+    if "n" in fields:
+        args.append(f"nbytes={d[2]}")
+    if "r" in fields:
+        args.append(f"root={d[3]}")
+    if "o" in fields:
+        args.append(f"op={OP_NAMES[d[4]] if d[4] < len(OP_NAMES) else d[4]}")
+    return f"{name}({', '.join(args)})"
+
+
+ctypedef struct op_t:
+    int kind
+    int dtype
+    int itemsize
+    int op
+    int root               # rank, or -1 (all_reduce, all_gather)
+    size_t count           # elements of the array (all_reduce/reduce/reduce_scatter: per rank)
+    size_t nbytes
+    char *ptr              # the array: in place (reduce, broadcast), input (gather), output (scatter, reduce_scatter)
+    char **outs            # per-rank output pieces (n entries)
+    char **ins             # per-rank input pieces (n entries)
+    size_t *out_bytes      # all_to_all: bytes of each output piece
+    size_t *in_bytes       # all_to_all: bytes of each input piece
+    uint64_t heap          # sc.empty heap holding ptr (0: none), its offset there and its stride
+    uint64_t heap_off
+    size_t heap_stride
+    bint uniform           # all_to_all: equal pieces
+    bint overlap           # all_to_all_single: output and input overlap (in place)
+    uint32_t state         # SHM_OP_*: DONE is stored with release once results are in place
+    uint32_t has_future    # a Future was handed out: the runner completes it (under the GIL)
+    uint32_t future_taken  # whoever sets this first completes the Future
+    PyObject *call         # the owning _Call (borrowed: the group's in-flight list holds it)
+
+
+cdef class _Call:
+    """One call's arguments and state (internal)."""
+    cdef op_t o
+    cdef object owners     # the arrays behind the pointers: alive until the op completes
+    cdef object outputs    # what Work.result() returns
+    cdef object error      # the exception that failed the op
+    cdef object fn         # K_PYTHON: fn(*args) runs in issue order
+    cdef object args
+    cdef object future     # shmcomm.Future handed out by Work.get_future()
+    cdef int claim         # inline calls: how the engine is held (SHM_CLAIM_OWN / NESTED)
+    cdef bint inline
+
+    def __cinit__(self):
+        self.o.outs = NULL
+        self.o.out_bytes = NULL
+
+    def __dealloc__(self):
+        free(self.o.outs)
+        free(self.o.out_bytes)
+
+    cdef int _tables(self, int n) except -1:
+        """Room for n output and n input pointers and sizes, in one block each."""
+        self.o.outs = <char **>calloc(2 * n, sizeof(char *))
+        self.o.out_bytes = <size_t *>calloc(2 * n, sizeof(size_t))
+        if self.o.outs == NULL or self.o.out_bytes == NULL:
+            raise MemoryError()
+        self.o.ins = self.o.outs + n
+        self.o.in_bytes = self.o.out_bytes + n
+        self.o.call = <PyObject *>self
+        return 0
+
+    cdef inline void reset(self) noexcept:
+        """Clear the per-call fields (the inline _Call is reused by every synchronous call)."""
+        self.o.kind = 0
+        self.o.dtype = self.o.itemsize = self.o.op = self.o.root = 0
+        self.o.count = self.o.nbytes = 0
+        self.o.ptr = NULL
+        self.o.heap = self.o.heap_off = self.o.heap_stride = 0
+        self.o.uniform = self.o.overlap = False
+        self.o.state = SHM_OP_QUEUED
+        self.o.has_future = self.o.future_taken = 0
+
+    cdef inline bint done(self) noexcept nogil:
+        return capi.shm_load_acquire(&self.o.state) == SHM_OP_DONE
+
+
+cdef extern from *:
+    """
+    /* The pending exception, normalised and with its traceback (a new reference), cleared. */
+    static PyObject *__pyx_shm_fetch_exception(void) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        if (!type) Py_RETURN_NONE;
+        PyErr_NormalizeException(&type, &value, &tb);
+        if (tb && value) PyException_SetTraceback(value, tb);
+        Py_XDECREF(type);
+        Py_XDECREF(tb);
+        return value;
+    }
+    """
+    object _fetch_exception "__pyx_shm_fetch_exception"()

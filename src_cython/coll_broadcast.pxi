@@ -1,0 +1,51 @@
+# broadcast: rank `root`'s array into every rank's array.
+#
+#   slots: per slot-sized chunk, 1. the root copies the chunk into its slot (the first step also
+#       carries the descriptor); 2. step; 3. every other rank copies it out.
+#   single copy (from cma_bytes, cross-memory attach on): 1. a step publishing array addresses;
+#       2. receivers pull the first (n-1)/n of the root's array while the root pushes the last
+#       1/n into every receiver, so every core copies; 3. step.
+
+
+cdef object _prep_broadcast(Communicator c, op_t *o, object array, int src):
+    cdef buf_t b
+    c._check_root(src, "src")
+    owner = as_buf(array, &b, src != c.rank, "array")
+    o.kind, o.ptr, o.nbytes, o.dtype, o.root = K_BROADCAST, b.ptr, b.nbytes, b.dtype, src
+    return owner
+
+
+cdef int _run_broadcast(Communicator c, op_t *o) except -1 nogil:
+    cdef uint32_t s
+    cdef size_t off = 0, ch, split, nbytes = o.nbytes
+    cdef int q, root = o.root
+    cdef char *ptr = o.ptr
+    cdef bint first = True
+    if c.size == 1:
+        return 0
+    c._set_desc(K_BROADCAST, o.dtype, nbytes, root, 0)
+    if c._single_copy_size(nbytes):
+        first = False
+        if c._publish_table(&ptr, 1):
+            split = (nbytes - nbytes // c.size) & ~(<size_t>4095)
+            if c.rank != root:
+                c._cma(root, ptr, c._peer_entry(root, 0), split, False)
+            else:
+                for q in range(c.size):
+                    if q != root:
+                        c._cma(q, ptr + split, c._peer_entry(q, 0) + split, nbytes - split, True)
+            c._step()
+            return 0
+    while first or off < nbytes:
+        ch = min(c.slot_bytes, nbytes - off)
+        s = c.next_step()
+        if c.rank == root:
+            memcpy(c.slot(root, s), ptr + off, ch)
+        c._step()
+        if first:
+            c._check_desc()
+            first = False
+        if c.rank != root:
+            c._out(ptr + off, c.slot(root, s), ch, nbytes)
+        off += ch
+    return 0

@@ -1,0 +1,102 @@
+# all_gather (root < 0: outputs on every rank) and gather (outputs on the root only).
+#
+#   slots: per slot-sized chunk, 1. every rank copies its chunk into its slot; 2. step; 3. ranks
+#       that want outputs copy every slot out (their own piece straight from the input).
+#   single copy, all_gather: 1. a step publishing input addresses; 2. every rank pulls every
+#       peer's input into its output; 3. step.
+#   single copy, gather: 1. the root publishes its output addresses; 2. every rank writes its
+#       piece into the root's output while the root copies its own; 3. step.
+
+
+cdef object _fill_pieces(Communicator c, list arrays, buf_t *like, str argname, bint writable,
+                         char **table):
+    """Point table[q] at arrays[q], each shaped like `like`; returns their owners."""
+    cdef buf_t b
+    cdef int q
+    if len(arrays) != c.size:
+        raise ValueError(f"{argname} must hold world_size={c.size} arrays, got {len(arrays)}")
+    owners = []
+    for q in range(c.size):
+        owners.append(as_buf(arrays[q], &b, writable, f"{argname}[{q}]"))
+        if b.nbytes != like.nbytes or b.dtype != like.dtype:
+            raise ValueError(f"{argname}[{q}] has {b.count} {DTYPE_NAMES[b.dtype]} elements; expected "
+                             f"{like.count} {DTYPE_NAMES[like.dtype]}")
+        table[q] = b.ptr
+    return owners
+
+
+cdef int _split_whole(Communicator c, buf_t *whole, buf_t *piece, str argname, char **table) except -1:
+    """Point table[q] at the q-th of world_size equal parts of `whole`."""
+    cdef int q
+    if whole.dtype != piece.dtype or whole.count != piece.count * c.size:
+        raise ValueError(f"{argname} must hold world_size * {piece.count} = "
+                         f"{piece.count * c.size} {DTYPE_NAMES[piece.dtype]} elements, got "
+                         f"{whole.count} {DTYPE_NAMES[whole.dtype]}")
+    for q in range(c.size):
+        table[q] = whole.ptr + q * piece.nbytes
+    return 0
+
+
+cdef object _prep_gather(Communicator c, op_t *o, object output_list, object array, int root,
+                         str argname):
+    cdef buf_t b
+    owner = as_buf(array, &b, False, "array")
+    o.kind = K_ALL_GATHER if root < 0 else K_GATHER
+    o.ptr, o.nbytes, o.dtype, o.root = b.ptr, b.nbytes, b.dtype, root
+    if root >= 0 and c.rank != root:
+        return owner
+    return (owner, _fill_pieces(c, list(output_list), &b, argname, True, o.outs))
+
+
+cdef object _prep_gather_into(Communicator c, op_t *o, object output, object array):
+    cdef buf_t b, whole
+    owner = as_buf(array, &b, False, "array")
+    out_owner = as_buf(output, &whole, True, "output")
+    _split_whole(c, &whole, &b, "output", o.outs)
+    o.kind, o.ptr, o.nbytes, o.dtype, o.root = K_ALL_GATHER, b.ptr, b.nbytes, b.dtype, -1
+    return (owner, out_owner)
+
+
+cdef int _run_gather(Communicator c, op_t *o) except -1 nogil:
+    cdef uint32_t s
+    cdef size_t off = 0, ch, nbytes = o.nbytes
+    cdef int i, q, n = c.size, root = o.root
+    cdef char **outs = o.outs
+    cdef char *inp = o.ptr
+    cdef bint first = True, wants = root < 0 or root == c.rank
+    c._set_desc(o.kind, o.dtype, nbytes, <uint64_t>root, 0)
+    if c._single_copy_size(nbytes) and root >= 0:
+        first = False
+        if c._publish_table(outs if wants else &inp, n if wants else 1):
+            if wants:
+                c._out(outs[c.rank], inp, nbytes, nbytes)
+            else:
+                c._cma(root, inp, c._peer_entry(root, c.rank), nbytes, True)
+            c._step()
+            return 0
+    elif c._single_copy_size(nbytes):
+        first = False
+        if c._publish_table(&inp, 1):
+            for i in range(1, n):
+                q = (c.rank + i) % n
+                c._cma(q, outs[q], c._peer_entry(q, 0), nbytes, False)
+            c._out(outs[c.rank], inp, nbytes, nbytes)
+            c._step()
+            return 0
+    while first or off < nbytes:
+        ch = min(c.slot_bytes, nbytes - off)
+        s = c.next_step()
+        memcpy(c.slot(c.rank, s), inp + off, ch)
+        c._step()
+        if first:
+            c._check_desc()
+            first = False
+        if wants:
+            for i in range(n):
+                q = (c.rank + i) % n
+                if q == c.rank:
+                    c._out(outs[q] + off, inp + off, ch, nbytes)
+                else:
+                    c._out(outs[q] + off, c.slot(q, s), ch, nbytes)
+        off += ch
+    return 0

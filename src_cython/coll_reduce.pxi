@@ -1,0 +1,168 @@
+# all_reduce and reduce (root >= 0): one algorithm with four paths, chosen by size and memory.
+#
+#   small (up to small_bytes): one shot. 1. copy the array into this rank's slot and publish the
+#       descriptor; 2. step; 3. every rank that wants the result reduces all slots in rank order.
+#   pipelined (below the single-copy size): per slot-sized chunk, 1. copy to the slot the parts
+#       peers reduce; 2. step; 3. reduce this rank's slice of the chunk from every slot into the
+#       next slot; 4. step; 5. copy every rank's reduced slice out.
+#   zero copy (every rank passed an sc.empty array at the same place of one heap): 1. a step with
+#       the descriptor; 2. rank r reduces slice r straight from every array and writes it into
+#       every array that wants it; 3. step.
+#   single copy (private arrays, cross-memory attach on): 1. a step publishing array addresses;
+#       2. rank r reduces slice r block by block, reading peers through a cache-sized scratch,
+#       and writes each block into every array that wants it; 3. step.
+# Every rank reduces in rank order, so every rank gets the same bits.
+
+
+cdef object _prep_reduce(Communicator c, op_t *o, object array, int op, int root):
+    cdef buf_t b
+    owner = as_buf(array, &b, True, "array")
+    c._check_op(b.dtype, op)
+    o.kind = K_ALL_REDUCE if root < 0 else K_REDUCE
+    o.ptr, o.count, o.itemsize, o.dtype, o.nbytes = b.ptr, b.count, b.itemsize, b.dtype, b.nbytes
+    o.op, o.root = op, root
+    o.heap = c._find_heap(b.ptr, b.nbytes, &o.heap_off, &o.heap_stride)
+    return owner
+
+
+cdef int _run_reduce(Communicator c, op_t *o) except -1 nogil:
+    cdef int n = c.size, q, i, root = o.root, itemsize = o.itemsize, dtype = o.dtype, op = o.op
+    cdef uint32_t s
+    cdef char *ptr = o.ptr
+    cdef size_t count = o.count, nbytes = o.nbytes, chunk, ch, off = 0, lo, hi
+    cdef bint wants = root < 0 or root == c.rank
+    cdef bint cma, first
+    if n == 1:
+        return 0
+    c._set_desc(o.kind, dtype, nbytes, <uint64_t>root, op)
+    if c._one_shot_size(nbytes):
+        s = c.next_step()
+        memcpy(c.slot(c.rank, s), ptr, nbytes)
+        c._step()
+        c._check_desc()
+        if wants:
+            for q in range(n):
+                c.srcs[q] = c.slot(q, s)
+            shm_reduce(ptr, c.srcs, n, count, dtype, op)
+        return 0
+    # Below the single-copy size the descriptor rides on the first chunk's step (no zero copy
+    # there: one sync fewer matters more at these sizes); above it, a step of its own first.
+    # (With single copy off, cma_bytes is 0: large arrays still get that step, for zero copy.)
+    first = nbytes < c.cma_bytes
+    if not first:
+        _set_heap_desc(c, o.heap, o.heap_off)
+        if c._single_copy_size(nbytes):
+            cma = c._publish_table(&ptr, 1)  # the step that carries the descriptor, too
+        else:
+            c._step()
+            c._check_desc()
+            cma = False
+        if o.heap and _all_same_heap(c):
+            return _reduce_zero_copy(c, o)
+        if cma:
+            for q in range(n):
+                o.outs[q] = <char *>c._peer_entry(q, 0)
+            return _reduce_single_copy(c, o)
+    chunk = c.slot_bytes // itemsize
+    while off < count:
+        ch = min(chunk, count - off)
+        s = c.next_step()
+        c._slice(ch, c.rank, itemsize, &lo, &hi)
+        # Peers need every part of this chunk but this rank's own slice: copy only those.
+        memcpy(c.slot(c.rank, s), ptr + off * itemsize, lo * itemsize)
+        memcpy(c.slot(c.rank, s) + hi * itemsize, ptr + (off + hi) * itemsize, (ch - hi) * itemsize)
+        c._step()
+        if first:
+            c._check_desc()
+            first = False
+        for q in range(n):
+            c.srcs[q] = c.slot(q, s) + lo * itemsize
+        c.srcs[c.rank] = ptr + (off + lo) * itemsize
+        shm_reduce(c.slot(c.rank, s + 1) + lo * itemsize, c.srcs, n, hi - lo, dtype, op)
+        c._step()
+        if wants:
+            for i in range(n):
+                q = (c.rank + i) % n
+                c._slice(ch, q, itemsize, &lo, &hi)
+                memcpy(ptr + (off + lo) * itemsize, c.slot(q, s + 1) + lo * itemsize,
+                       (hi - lo) * itemsize)
+        off += ch
+    return 0
+
+
+cdef void _set_heap_desc(Communicator c, uint64_t heap, uint64_t heap_off) noexcept nogil:
+    cdef uint64_t *d = c.cb(c.rank).desc[(c.step + 1) & 1]
+    d[5] = heap; d[6] = heap_off
+
+
+cdef bint _all_same_heap(Communicator c) noexcept nogil:
+    cdef uint64_t *mine = c.cb(c.rank).desc[c.step & 1]
+    cdef uint64_t *theirs
+    cdef int q
+    for q in range(c.size):
+        theirs = c.cb(q).desc[c.step & 1]
+        if theirs[5] != mine[5] or theirs[6] != mine[6]:
+            return False
+    return True
+
+
+cdef int _reduce_zero_copy(Communicator c, op_t *o) except -1 nogil:
+    """Every rank's array is visible here: rank r reduces slice r straight from all of them and
+    writes the result into every array that wants it (one read and one write per byte)."""
+    cdef int n = c.size, q, i, itemsize = o.itemsize
+    cdef size_t lo, hi, block = (256 << 10) // itemsize, b, m, stride = o.heap_stride
+    cdef char *ptr = o.ptr
+    cdef char *first = ptr - c.rank * stride  # rank 0's array
+    c._slice(o.count, c.rank, itemsize, &lo, &hi)
+    b = lo
+    while b < hi:
+        m = min(block, hi - b)
+        for q in range(n):
+            c.srcs[q] = first + q * stride + b * itemsize
+        if o.root < 0:
+            shm_reduce(ptr + b * itemsize, c.srcs, n, m, o.dtype, o.op)
+            for i in range(1, n):
+                q = (c.rank + i) % n
+                memcpy(first + q * stride + b * itemsize, ptr + b * itemsize, m * itemsize)
+        else:
+            shm_reduce(first + o.root * stride + b * itemsize, c.srcs, n, m, o.dtype, o.op)
+        b += m
+    c._step()  # every slice written before anyone returns
+    return 0
+
+
+cdef int _reduce_single_copy(Communicator c, op_t *o) except -1 nogil:
+    """Private arrays at o.outs[q], cross-memory attach on: rank r reduces slice r block by
+    block, reading peers' parts through a cache-sized scratch, and writes each result block,
+    still in cache, into every array that wants it (its own in place; peers' remotely). Only
+    rank r touches slice r of any array, so one step at the end is the only sync; non-root
+    arrays of reduce stay as they were."""
+    cdef int n = c.size, q, i, itemsize = o.itemsize, root = o.root
+    cdef size_t block = (128 << 10) // itemsize, lo = 0, hi = 0, b, m
+    cdef size_t block_bytes = block * itemsize
+    cdef char *scratch = c._scratch(n * block_bytes)  # n - 1 inputs and one output
+    cdef char *part
+    cdef char *out
+    cdef char *ptr = o.ptr
+    cdef bint mine = root < 0 or root == c.rank
+    c._slice(o.count, c.rank, itemsize, &lo, &hi)
+    b = lo
+    while b < hi:
+        m = min(block, hi - b)
+        part = scratch
+        for q in range(n):
+            if q == c.rank:
+                c.srcs[q] = ptr + b * itemsize
+            else:
+                c._cma(q, part, <uint64_t>o.outs[q] + b * itemsize, m * itemsize, False)
+                c.srcs[q] = part
+                part += block_bytes
+        out = ptr + b * itemsize if mine else part  # in place is fine: element-wise
+        shm_reduce(out, c.srcs, n, m, o.dtype, o.op)
+        for i in range(1, n):
+            q = (c.rank + i) % n
+            if root < 0 or q == root:
+                c._cma(q, out, <uint64_t>o.outs[q] + b * itemsize, m * itemsize, True)
+        b += m
+    c._step()  # every slice written, and arrays untouched until every rank is done
+    return 0

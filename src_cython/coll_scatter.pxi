@@ -1,0 +1,55 @@
+# scatter: piece q of the root's list into rank q's array.
+#
+#   slots: per chunk (a slot holds one chunk per rank), 1. the root copies every peer's chunk into
+#       its slot; 2. step; 3. every rank copies its chunk out (the root from its own piece).
+#   single copy: 1. the root publishes its piece addresses; 2. every rank pulls its piece; 3. step.
+
+
+cdef object _prep_scatter(Communicator c, op_t *o, object array, object scatter_list, int src):
+    cdef buf_t b
+    c._check_root(src, "src")
+    owner = as_buf(array, &b, True, "array")
+    o.kind, o.ptr, o.nbytes, o.dtype, o.root = K_SCATTER, b.ptr, b.nbytes, b.dtype, src
+    if c.rank == src:
+        if scatter_list is None:
+            raise ValueError("scatter_list is required on the src rank")
+        return (owner, _fill_pieces(c, list(scatter_list), &b, "scatter_list", False, o.ins))
+    if scatter_list is not None:
+        raise ValueError("scatter_list must be None on ranks other than src")
+    return owner
+
+
+cdef int _run_scatter(Communicator c, op_t *o) except -1 nogil:
+    cdef uint32_t s
+    cdef size_t off = 0, ch, nbytes = o.nbytes, cap = (c.slot_bytes // c.size) // 64 * 64
+    cdef int q, root = o.root
+    cdef char *out = o.ptr
+    cdef char **ins = o.ins
+    cdef bint first = True
+    c._set_desc(K_SCATTER, o.dtype, nbytes, root, 0)
+    if c._single_copy_size(nbytes):
+        first = False
+        if c._publish_table(ins if c.rank == root else NULL, c.size):
+            if c.rank == root:
+                c._out(out, ins[root], nbytes, nbytes)
+            else:
+                c._cma(root, out, c._peer_entry(root, c.rank), nbytes, False)
+            c._step()
+            return 0
+    while first or off < nbytes:
+        ch = min(cap, nbytes - off)
+        s = c.next_step()
+        if c.rank == root:
+            for q in range(c.size):
+                if q != root:
+                    memcpy(c.slot(root, s) + q * cap, ins[q] + off, ch)
+        c._step()
+        if first:
+            c._check_desc()
+            first = False
+        if c.rank == root:
+            c._out(out + off, ins[root] + off, ch, nbytes)
+        else:
+            c._out(out + off, c.slot(root, s) + c.rank * cap, ch, nbytes)
+        off += ch
+    return 0

@@ -1,0 +1,1045 @@
+# Communicator: one group's shared segment, the step protocol every collective is built on, and
+# the progress engine that runs the group's operations in issue order.
+#
+# Step protocol. Each rank owns a monotonically increasing `seq` in its control block and two data
+# slots, used by step parity. One step: write your own slot (and descriptor), publish seq = s
+# (release), wait until every peer's seq >= s (acquire), then read peers' slots. A rank publishes s
+# only after it finished reading step s-1, so writing slot[s % 2] at step s never races a reader of
+# step s-2: no trailing barrier is needed. The first step of every collective also carries a
+# descriptor (what was called, dtype, size, root, op) that every rank checks against all others,
+# so a mismatch raises CollectiveMismatchError on every rank instead of returning corrupt data.
+#
+# Progress engine (shm_engine.h). A synchronous call holds the engine "inline" once everything
+# issued before it ran, and runs on the caller's thread. An async call queues its _Call and
+# returns a Work; the queue is run by whichever thread gets there first: a thread waiting for a
+# Work (it drives the queue up to its op), a synchronous call issued behind it, or the group's
+# background thread. All of it runs without the GIL; the GIL is taken only to raise an error or to
+# complete a Future that was handed out.
+#
+# Threads. Every call on a group may come from any thread: calls are serialised, each runs whole
+# before the next starts, in the order threads reach the engine (every rank must still issue the
+# same sequence of collectives, as with torch.distributed).
+#
+# Leases. Single-copy paths read and write peers' private memory at addresses they publish. A rank
+# whose op fails sets `withdrawn` in its control block and, before returning, waits until no peer
+# holds a lease (`cma_users`) on its memory; a peer takes the lease and checks `withdrawn` before
+# every copy. So a late peer can never write into memory the user has already reused.
+from libc.stdlib cimport free, malloc, realloc
+from libc.string cimport memcpy, memmove
+from posix.signal cimport kill
+from posix.unistd cimport getpid, usleep
+from cpython.exc cimport PyErr_CheckSignals
+
+cdef uint64_t SLICE_NS = 50 * 1000 * 1000  # futex sleep slice: how often health is checked
+cdef uint64_t SPIN_FLOOR_NS = 20 * 1000     # adaptive spinning never goes below this budget
+cdef uint64_t IDLE_NS = 20 * 1000 * 1000    # after this long without ops the progress thread sleeps
+
+ctypedef int (*_exec_unchecked_t)(Communicator, op_t *) noexcept nogil
+
+
+cdef void _copy_text(char *dst, str text, size_t cap):
+    cdef bytes raw = text.encode()[:cap]
+    memcpy(dst, <char *>raw, len(raw))
+    dst[len(raw)] = 0
+
+
+def _boot_id():
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+cdef char *_grown(char **buf, size_t *cap, size_t nbytes, const char *what) except NULL nogil:
+    """``*buf`` with room for at least ``nbytes`` (kept across calls: grown, never shrunk)."""
+    cdef char *grown
+    if nbytes > cap[0]:
+        grown = <char *>realloc(buf[0], nbytes)
+        if grown == NULL:
+            with gil:
+                raise MemoryError(f"no memory for a {nbytes}-byte {what.decode()} buffer")
+        buf[0], cap[0] = grown, nbytes
+    return buf[0]
+
+
+cdef class Communicator:
+    """The compiled side of a process group (internal: use ``shmcomm.init_process_group``)."""
+    cdef Segment seg
+    cdef char *base
+    cdef capi.shm_header_t *hdr
+    cdef readonly int rank
+    cdef readonly int size
+    cdef readonly str job
+    cdef readonly str part
+    cdef readonly size_t slot_bytes
+    cdef readonly size_t ring_bytes
+    cdef readonly size_t small_bytes
+    cdef size_t ring_off, ring_stride, slot_off
+    cdef uint32_t step
+    cdef uint64_t spin_ns        # spin budget now: adapts between SPIN_FLOOR_NS and spin_max_ns
+    cdef uint64_t spin_max_ns
+    cdef int yields
+    cdef uint64_t deadline_ns
+    cdef readonly double timeout
+    cdef int *pidfds
+    cdef int *pids
+    cdef const void **srcs        # reduction inputs: scratch of the op running now
+    cdef object broken
+    cdef const char *op_name
+    cdef readonly bint closed
+    cdef int heap_count
+    cdef list heaps               # (weakref to Segment, heap id, stride) of sc.empty segments
+    cdef char *scratch            # private cache-sized buffer for single-copy reductions
+    cdef size_t scratch_bytes
+    cdef char *staging            # kept across calls (no page faults): in-place all_to_all's input copy
+    cdef size_t staging_bytes
+    cdef readonly size_t stream_bytes  # results this large go out with streaming stores
+    cdef bint cma_ok              # single-copy reads from peers work here (probed at start)
+    cdef readonly size_t cma_bytes  # pieces at least this large use them
+    # ---- progress engine
+    cdef capi.shm_engine_t engine
+    cdef bint engine_ready
+    cdef bint background          # the op running now runs on the background thread
+    cdef bint published           # the op running now published addresses of this rank's memory
+    cdef _Call inline_call        # the arguments of the synchronous call holding the engine
+    cdef object inflight          # queued _Calls, oldest first (they keep their arrays alive)
+    cdef object thread
+    cdef object thread_lock
+    cdef int owner_pid            # a forked child must not leave its parent's group
+    cdef uint64_t doze_ns
+
+    def __cinit__(self):
+        self.pidfds = NULL
+        self.pids = NULL
+        self.srcs = NULL
+        self.scratch = NULL
+        self.scratch_bytes = 0
+        self.staging = NULL
+        self.staging_bytes = 0
+        self.closed = True
+        self.engine_ready = False
+        self.op_name = b"init"
+
+    def __init__(self, str job, str part, int rank, int size, double timeout):
+        if size < 1:
+            raise ValueError(f"world_size must be >= 1, got {size}")
+        if not 0 <= rank < size:
+            raise ValueError(f"rank must be in [0, {size}), got {rank}")
+        if not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        self.rank, self.size, self.job, self.part = rank, size, job, part
+        self.timeout = timeout
+        self.broken = None
+        self.heaps = []
+        self.owner_pid = getpid()
+        settings = group_settings(size)
+        self.small_bytes = settings["small_bytes"]
+        self.stream_bytes = settings["stream_bytes"]
+        self.spin_ns = self.spin_max_ns = settings["spin_us"] * 1000
+        self.yields = settings["yields"]
+        self.doze_ns = settings["progress_us"] * 1000
+        self.pidfds = <int *>malloc(size * sizeof(int))
+        self.pids = <int *>malloc(size * sizeof(int))
+        self.srcs = <const void **>malloc(size * sizeof(void *))
+        if not (self.pidfds and self.pids and self.srcs):
+            raise MemoryError()
+        if capi.shm_engine_init(&self.engine) != 0:
+            raise MemoryError("cannot set up the progress engine")
+        self.engine_ready = True
+        self.inline_call = _Call()
+        self.inline_call._tables(size)
+        self.inline_call.inline = True
+        from collections import deque
+        self.inflight = deque()
+        self.thread = None
+        self.thread_lock = threading.Lock()
+        for r in range(size):
+            self.pidfds[r] = -1
+            self.pids[r] = 0
+        self._rendezvous(settings["slot_bytes"], settings["ring_bytes"], settings["cma_bytes"])
+        self.closed = False
+
+    # ---- layout -------------------------------------------------------------------------------
+    cdef size_t _layout(self, size_t slot_bytes, size_t ring_bytes):
+        cdef size_t n = self.size
+        self.slot_bytes = _align_up(slot_bytes, 4096)
+        self.ring_bytes = _align_up(ring_bytes, 4096)
+        self.ring_off = _align_up(SHM_HEADER_BYTES + n * SHM_CB_BYTES, 4096)
+        self.ring_stride = SHM_RING_CTRL_BYTES + self.ring_bytes
+        self.slot_off = _align_up(self.ring_off + n * n * self.ring_stride, 4096)
+        return self.slot_off + 2 * n * self.slot_bytes
+
+    cdef inline capi.shm_cb_t *cb(self, int r) noexcept nogil:
+        return <capi.shm_cb_t *>(self.base + SHM_HEADER_BYTES + r * SHM_CB_BYTES)
+
+    cdef inline char *slot(self, int r, uint32_t s) noexcept nogil:
+        return self.base + self.slot_off + (r * 2 + (s & 1)) * self.slot_bytes
+
+    cdef inline capi.shm_ring_t *ring(self, int src, int dst) noexcept nogil:
+        return <capi.shm_ring_t *>(self.base + self.ring_off + (src * self.size + dst) * self.ring_stride)
+
+    # ---- rendezvous ---------------------------------------------------------------------------
+    cdef _rendezvous(self, size_t slot_bytes, size_t ring_bytes, size_t cma_bytes):
+        from shmcomm.segments import describe, segment_name
+        name = segment_name(self.job, self.part)
+        deadline = time.monotonic() + self.timeout
+        host, boot = socket.gethostname(), _boot_id()
+        cdef size_t total
+        if self.rank == 0:
+            total = self._layout(slot_bytes, ring_bytes)
+            while True:
+                try:
+                    self.seg = Segment.create(name, total)
+                    break
+                except FileExistsError:
+                    info = describe("/dev/shm" + name)
+                    if info.valid and not info.stale:
+                        raise ShmcommError(
+                            f"job name {self.job!r} is in use by live processes {info.pids}; "
+                            f"give this job another name (SHMCOMM_JOB or name=)") from None
+                    Segment.attach(name) and None
+                    os.unlink("/dev/shm" + name) if os.path.exists("/dev/shm" + name) else None
+            self.base = self.seg.base
+            self.hdr = <capi.shm_header_t *>self.base
+            self.hdr.version = SHM_VERSION
+            self.hdr.world_size = self.size
+            self.hdr.layout_size = total
+            self.hdr.slot_bytes = self.slot_bytes
+            self.hdr.ring_bytes = self.ring_bytes
+            self.hdr.creator_pid = getpid()
+            self.hdr.small_bytes = self.small_bytes
+            self.hdr.cma_bytes = cma_bytes
+            self.hdr.nonce = int.from_bytes(os.urandom(8), "little")
+            _copy_text(self.hdr.job, self.job, 127)
+            _copy_text(self.hdr.boot_id, boot, 63)
+            _copy_text(self.hdr.hostname, host, 63)
+            capi.shm_store_release64(&self.hdr.magic, SHM_MAGIC)
+        else:
+            self._attach(name, deadline, host, boot)
+        self._register()
+        try:
+            self._wait_all_attached(deadline)
+        except BaseException:
+            self.cb(self.rank).state = SHM_RANK_DEPARTED
+            self.seg.unlink_name()
+            raise
+        for r in range(self.size):
+            self.pids[r] = self.cb(r).pid
+            if r != self.rank:
+                self.pidfds[r] = capi.shm_pidfd_open(self.pids[r])
+        # Algorithm choices depend on these, so every rank takes rank 0's values.
+        self.small_bytes = self.hdr.small_bytes
+        self.cma_bytes = self.hdr.cma_bytes
+        self.cma_ok = self.cma_bytes > 0 and self._probe_cma()
+        capi.shm_store_seq_cst(&self.cb(self.rank).cma_ok, self.cma_ok)  # senders of p2p look
+
+    cdef bint _probe_cma(self):
+        """Can this rank read every peer's memory directly (same user, no ptrace restriction)?"""
+        cdef int32_t seen
+        for r in range(self.size):
+            if r != self.rank:
+                seen = 0
+                if capi.shm_cma_read(self.pids[r], &seen, self.cb(r).probe_addr, sizeof(seen)) != 0 \
+                        or seen != self.pids[r]:
+                    return False
+        return True
+
+    cdef _attach(self, str name, double deadline, str host, str boot):
+        cdef Segment seg
+        delay = 0.0005
+        while True:
+            seg = Segment.attach(name)
+            if seg is not None and seg.size >= SHM_HEADER_BYTES:
+                hdr = <capi.shm_header_t *>seg.base
+                if capi.shm_load_acquire64(&hdr.magic) == SHM_MAGIC and self._creator_alive(hdr.creator_pid):
+                    if hdr.version != SHM_VERSION:
+                        raise ShmcommError(f"segment {name} has layout version {hdr.version}, this "
+                                           f"shmcomm uses {SHM_VERSION}: mixed shmcomm versions?")
+                    if hdr.world_size != <uint32_t>self.size:
+                        raise ShmcommError(f"rank {self.rank} was started with world_size={self.size} "
+                                           f"but rank 0 with world_size={hdr.world_size}")
+                    self.base = seg.base
+                    total = self._layout(hdr.slot_bytes, hdr.ring_bytes)
+                    if hdr.layout_size != total or seg.size != total:
+                        raise ShmcommError(f"segment {name} has a corrupt layout size")
+                    theirs_host = hdr.hostname.decode(errors="replace")
+                    theirs_boot = hdr.boot_id.decode(errors="replace")
+                    if theirs_host != host[:63] or theirs_boot != boot[:63]:
+                        raise ShmcommError(
+                            f"rank {self.rank} on host {host!r} found rank 0 on host {theirs_host!r}: "
+                            f"shmcomm groups must have every rank on one machine")
+                    self.seg = seg
+                    self.hdr = hdr
+                    return
+            seg = None
+            if time.monotonic() > deadline:
+                raise CommTimeoutError(
+                    f"rank {self.rank} found no segment from rank 0 of job {self.job!r} within "
+                    f"{self.timeout} s: is rank 0 running, on this machine, with the same job name?")
+            time.sleep(delay)  # releases the GIL: other threads (a progress thread) run meanwhile
+            delay = min(delay * 2, 0.01)
+            PyErr_CheckSignals()
+
+    cdef bint _creator_alive(self, int pid):
+        return pid > 0 and (kill(pid, 0) == 0 or errno != 3)  # ESRCH
+
+    cdef _register(self):
+        cdef capi.shm_cb_t *me = self.cb(self.rank)
+        if me.state == SHM_RANK_ATTACHED and me.pid > 0 and kill(me.pid, 0) == 0:
+            raise ShmcommError(f"rank {self.rank} of job {self.job!r} is already taken by pid "
+                               f"{me.pid}: two processes were given the same rank")
+        me.pid = getpid()
+        me.probe_addr = <uint64_t>&me.pid
+        capi.shm_store_seq_cst(&me.state, SHM_RANK_ATTACHED)
+        cdef uint32_t joined = capi.shm_fetch_add(&self.hdr.attached, 1) + 1
+        capi.shm_futex_wake_all(&self.hdr.attached)
+        if joined == <uint32_t>self.size:
+            self.seg.unlink_name()  # everyone is in: the name is no longer needed
+
+    cdef _wait_all_attached(self, double deadline):
+        cdef uint32_t target = self.size
+        cdef int got
+        while True:
+            with nogil:  # other threads of this process (progress threads) run while we wait
+                got = capi.shm_wait_geq(&self.hdr.attached, target, &self.hdr.attached_waiters,
+                                        0, 1, SLICE_NS // 5)
+            if got:
+                return
+            PyErr_CheckSignals()
+            if not self._creator_alive(self.hdr.creator_pid):
+                raise PeerFailureError(f"rank 0 (pid {self.hdr.creator_pid}) died during start-up",
+                                       0, self.hdr.creator_pid)
+            if time.monotonic() > deadline:
+                missing = [r for r in range(self.size) if self.cb(r).state != SHM_RANK_ATTACHED]
+                raise CommTimeoutError(
+                    f"init_process_group timed out after {self.timeout} s: rank(s) {missing} of job "
+                    f"{self.job!r} never joined (same job name and world size on every rank?)")
+
+    # ---- waiting and health -------------------------------------------------------------------
+    cdef bint _peer_dead(self, int r) noexcept nogil:
+        if self.pidfds[r] >= 0:
+            return capi.shm_pidfd_exited(self.pidfds[r])
+        return kill(self.pids[r], 0) != 0 and errno == 3
+
+    cdef object _fail(self, object exc):
+        """Remember why the group broke (a step was left half done) and return the error."""
+        self.broken = exc
+        return exc
+
+    cdef str _name(self):
+        return (<bytes>self.op_name).decode()
+
+    cdef int _check_health(self, int peer, uint32_t target) except -1 nogil:
+        """Raise if the group is aborted, a peer we wait for is gone, the deadline passed, or a
+        Python signal handler raised. peer < 0: every peer whose seq is behind `target`."""
+        cdef int r, first, last
+        if capi.shm_load_acquire(&self.hdr.abort_flag):
+            with gil:
+                raise self._fail(AbortedError(f"{self._name()}: the group was aborted"))
+        if peer < 0:
+            first, last = 0, self.size
+        else:
+            first, last = peer, peer + 1
+        for r in range(first, last):
+            if r == self.rank:
+                continue
+            if peer < 0 and capi.shm_seq_geq(capi.shm_load_acquire(&self.cb(r).seq), target):
+                continue
+            if capi.shm_load_acquire(&self.cb(r).state) == SHM_RANK_DEPARTED or self._peer_dead(r):
+                with gil:
+                    raise self._fail(PeerFailureError(
+                        f"{self._name()}: rank {r} (pid {self.pids[r]}) died or left the group",
+                        r, self.pids[r]))
+        if capi.shm_now_ns() > self.deadline_ns:
+            with gil:
+                late = [r for r in range(self.size) if r != self.rank and
+                        not capi.shm_seq_geq(capi.shm_load_acquire(&self.cb(r).seq), target)]
+                raise self._fail(CommTimeoutError(
+                    f"{self._name()} timed out after {self.timeout} s on rank {self.rank} "
+                    f"waiting for {'rank %d' % peer if peer >= 0 else 'its peers'} "
+                    f"(not arrived: rank(s) {late})"))
+        with gil:
+            try:
+                PyErr_CheckSignals()
+            except BaseException as exc:
+                self._fail(ShmcommError(f"{self._name()} interrupted: {exc!r}"))
+                raise
+        return 0
+
+    cdef int _wait(self, uint32_t *word, uint32_t target, uint32_t *waiters, int peer) except -1 nogil:
+        # On the progress thread with nobody waiting, the caller is computing: sleep soon and
+        # leave it the core.
+        cdef uint64_t spin = self.spin_ns
+        if self.background and capi.shm_load_acquire(&self.engine.drivers) == 0:
+            spin = 0
+        cdef int got = capi.shm_wait_geq(word, target, waiters, spin, self.yields, SLICE_NS)
+        if spin:
+            # Adaptive spinning: a wait that ended while spinning says peers answer within the
+            # budget, so keep (regrow) it; one that had to sleep says the budget only burnt a
+            # core somebody else needed (a loaded machine), so halve it, down to a floor.
+            if got == 1:
+                self.spin_ns = min(self.spin_max_ns, 2 * self.spin_ns)
+            else:
+                self.spin_ns = max(min(SPIN_FLOOR_NS, self.spin_max_ns), self.spin_ns // 2)
+        if got:
+            return 0
+        while True:
+            self._check_health(peer, target)
+            if capi.shm_wait_geq(word, target, waiters, 0, 0, SLICE_NS):
+                return 0
+
+    cdef int _begin(self, const char *op_name) except -1 nogil:
+        if self.closed:
+            with gil:
+                raise ShmcommError(f"{op_name.decode()}: the process group was destroyed")
+        if capi.shm_load_acquire(&self.hdr.abort_flag):
+            with gil:
+                raise AbortedError(f"{op_name.decode()}: the group was aborted")
+        if self.broken is not None:  # read without the GIL: set once, never cleared
+            with gil:
+                raise ShmcommError(f"{op_name.decode()}: the group is unusable after an earlier "
+                                   f"failure: {self.broken}") from self.broken
+        self.op_name = op_name
+        self.deadline_ns = capi.shm_now_ns() + <uint64_t>(self.timeout * 1e9)
+        self.published = False
+        return 0
+
+    # ---- the step ---------------------------------------------------------------------------
+    cdef inline uint32_t next_step(self) noexcept nogil:
+        return self.step + 1
+
+    cdef int _step(self) except -1 nogil:
+        cdef uint32_t s = self.step + 1
+        cdef int i, q
+        cdef capi.shm_cb_t *c = self.cb(self.rank)
+        self.step = s
+        capi.shm_publish(&c.seq, s, &c.seq_waiters)
+        for i in range(1, self.size):
+            q = (self.rank + i) % self.size
+            c = self.cb(q)
+            if not capi.shm_seq_geq(capi.shm_load_acquire(&c.seq), s):
+                self._wait(&c.seq, s, &c.seq_waiters, -1)
+        return 0
+
+    cdef void _set_desc(self, uint64_t kind, uint64_t dtype, uint64_t nbytes, uint64_t root,
+                        uint64_t op) noexcept nogil:
+        cdef uint64_t *d = self.cb(self.rank).desc[(self.step + 1) & 1]
+        d[0] = kind; d[1] = dtype; d[2] = nbytes; d[3] = root; d[4] = op
+
+    cdef int _check_desc(self) except -1 nogil:
+        cdef uint64_t *mine = self.cb(self.rank).desc[self.step & 1]
+        cdef uint64_t *theirs
+        cdef int q, w
+        for q in range(self.size):
+            theirs = self.cb(q).desc[self.step & 1]
+            for w in range(5):
+                if theirs[w] != mine[w]:
+                    with gil:
+                        raise CollectiveMismatchError(self._mismatch_text())
+        return 0
+
+    cdef str _mismatch_text(self):
+        lines = [f"rank {q}: {describe_call(self.cb(q).desc[self.step & 1])}" for q in range(self.size)]
+        return "ranks called different collectives or arguments:\n  " + "\n  ".join(lines)
+
+    cdef inline void _slice(self, size_t count, int q, int itemsize, size_t *lo, size_t *hi) noexcept nogil:
+        """Bounds of rank q's share of `count` elements, cache-line aligned."""
+        cdef size_t align = 64 // itemsize if itemsize < 64 else 1
+        cdef size_t per = _align_up((count + self.size - 1) // self.size, align)
+        lo[0] = min(q * per, count)
+        hi[0] = min(lo[0] + per, count)
+
+    # ---- path choice: one place --------------------------------------------------------------
+    cdef inline bint _single_copy_size(self, size_t nbytes) noexcept nogil:
+        """Pieces this large go by cross-memory attach (if every rank can) instead of the slots."""
+        return self.cma_bytes > 0 and nbytes >= self.cma_bytes
+
+    cdef inline bint _one_shot_size(self, size_t nbytes) noexcept nogil:
+        """Reductions this small go through the slots in one step."""
+        return nbytes <= self.small_bytes or nbytes <= <size_t>(64 * self.size)
+
+    # ---- buffers kept across calls -----------------------------------------------------------
+    cdef inline void _out(self, char *dst, const char *src, size_t n, size_t total) noexcept nogil:
+        """Copy n bytes of an output of ``total`` bytes in all (overlap allowed): streaming stores
+        from stream_bytes up (not for reductions: their outputs are their cached inputs)."""
+        shm_move_out(dst, src, n, total >= self.stream_bytes)
+
+    cdef char *_scratch(self, size_t nbytes) except NULL nogil:
+        return _grown(&self.scratch, &self.scratch_bytes, nbytes, "scratch")
+
+    cdef char *_staging(self, size_t nbytes) except NULL nogil:
+        return _grown(&self.staging, &self.staging_bytes, nbytes, "staging")
+
+    # ---- single copy: peers read each other's arrays in place ----------------------------------
+    # For large pieces every rank publishes a table of its array addresses with the descriptor;
+    # if every rank can read every other's memory (cross-memory attach), each pulls what it needs
+    # straight into its output, and a last step keeps the sources untouched until all are done.
+    cdef bint _publish_table(self, char **table, int ntable, bint usable=True) except -1 nogil:
+        """One step carrying the descriptor and [cma_ok, table...]; True if single copy is on
+        (every rank can read peers' memory and passed ``usable``)."""
+        cdef uint32_t s = self.next_step()
+        cdef uint64_t *mine = <uint64_t *>self.slot(self.rank, s)
+        cdef int i, q
+        mine[0] = self.cma_ok and usable
+        for i in range(ntable):
+            mine[1 + i] = <uint64_t>table[i] if table != NULL else 0
+        self.published = True  # from here a failure must withdraw these addresses
+        self._step()
+        self._check_desc()
+        for q in range(self.size):
+            if not (<uint64_t *>self.slot(q, s))[0]:
+                return False
+        return True
+
+    cdef inline uint64_t _peer_entry(self, int q, int i) noexcept nogil:
+        return (<uint64_t *>self.slot(q, self.step))[1 + i]
+
+    cdef int _cma(self, int q, char *local, uint64_t remote, size_t n, bint write) except -1 nogil:
+        """Copy n bytes between ``local`` and address ``remote`` of rank q (write: to rank q),
+        under a lease on q's memory (see the top of this file)."""
+        cdef int err
+        cdef capi.shm_cb_t *peer = self.cb(q)
+        if n == 0:
+            return 0
+        capi.shm_fetch_add(&peer.cma_users, 1)
+        if capi.shm_load_acquire(&peer.withdrawn):
+            capi.shm_fetch_sub(&peer.cma_users, 1)
+            with gil:
+                raise self._fail(PeerFailureError(
+                    f"{self._name()}: rank {q} (pid {self.pids[q]}) failed this operation and "
+                    f"withdrew its buffers", q, self.pids[q]))
+        if write:
+            err = capi.shm_cma_write(self.pids[q], local, remote, n)
+        else:
+            err = capi.shm_cma_read(self.pids[q], local, remote, n)
+        capi.shm_fetch_sub(&peer.cma_users, 1)
+        if err:
+            with gil:
+                if err == 3:  # ESRCH
+                    raise self._fail(PeerFailureError(f"{self._name()}: rank {q} (pid {self.pids[q]}) "
+                                                      f"died", q, self.pids[q]))
+                raise self._fail(ShmcommError(f"{self._name()}: {'writing' if write else 'reading'} "
+                                              f"rank {q}'s memory failed: {_os_error_text(err)}"))
+        return 0
+
+    cdef void _withdraw(self) noexcept nogil:
+        """After a failed op that published addresses: no peer may touch them from now on. Wait
+        (bounded) until copies already under way have ended."""
+        cdef capi.shm_cb_t *me = self.cb(self.rank)
+        cdef uint64_t give_up = capi.shm_now_ns() + <uint64_t>(self.timeout * 1e9)
+        capi.shm_store_seq_cst(&me.withdrawn, 1)
+        while capi.shm_load_acquire(&me.cma_users) != 0 and capi.shm_now_ns() < give_up:
+            usleep(100)
+
+    # ---- running one op -----------------------------------------------------------------------
+    cdef int _exec(self, op_t *o) except -1 nogil:
+        """Run ``o`` on this thread, which holds the engine."""
+        cdef int k = o.kind
+        if k == K_PYTHON:
+            with gil:
+                call = <_Call>o.call
+                call.fn(*call.args)
+            return 0
+        self._begin(<const char *>_kind_cname(k))
+        if k == K_ALL_REDUCE or k == K_REDUCE:
+            return _run_reduce(self, o)
+        if k == K_BROADCAST:
+            return _run_broadcast(self, o)
+        if k == K_ALL_GATHER or k == K_GATHER:
+            return _run_gather(self, o)
+        if k == K_SCATTER:
+            return _run_scatter(self, o)
+        if k == K_REDUCE_SCATTER:
+            return _run_reduce_scatter(self, o)
+        if k == K_ALL_TO_ALL or k == K_ALL_TO_ALL_V:
+            return _run_all_to_all(self, o)
+        if k == K_BARRIER:
+            return _run_barrier(self, o)
+        with gil:
+            raise SystemError(f"unknown operation kind {k}")
+
+    cdef void _run_queued(self, op_t *o, bint background) noexcept nogil:
+        """Run the queued op ``o`` (claimed from the engine), complete it and release the engine.
+        Touches Python only for an error or a Future that was handed out."""
+        cdef int rc
+        capi.shm_store_seq_cst(&o.state, SHM_OP_RUNNING)
+        self.background = background
+        rc = (<_exec_unchecked_t>_exec_entry)(self, o)
+        self.background = False
+        if rc < 0:
+            with gil:
+                (<_Call>o.call).error = _fetch_exception()
+            if self.published:
+                self._withdraw()
+        self.published = False
+        capi.shm_store_seq_cst(&o.state, SHM_OP_DONE)
+        capi.shm_engine_release(&self.engine, SHM_CLAIM_OWN, 1)
+        if capi.shm_load_acquire(&o.has_future):
+            _settle_future(o)
+
+    # ---- the engine ---------------------------------------------------------------------------
+    cdef int _drive(self, op_t *target, double timeout) except -1 nogil:
+        """Run queued ops on this thread until ``target`` is done (target NULL: until this thread
+        holds the engine inline; returns the claim). Between ops it waits, spinning adaptively
+        then sleeping, with Python signals checked every slice.
+        With a ``timeout`` (s, >= 0) it only waits, leaving the ops to the progress thread (an op
+        once started cannot be left half done), and returns -2 when the time ran out."""
+        cdef void *head
+        cdef uint32_t seen
+        cdef int claim, got, rc = 0
+        cdef bint runs = timeout < 0
+        cdef uint64_t deadline = 0
+        if not runs:
+            deadline = capi.shm_now_ns() + <uint64_t>(timeout * 1e9)
+            capi.shm_engine_kick(&self.engine)
+        else:
+            capi.shm_fetch_add(&self.engine.drivers, 1)
+        try:
+            while True:
+                if target != NULL:
+                    if capi.shm_load_acquire(&target.state) == SHM_OP_DONE:
+                        break
+                else:
+                    claim = capi.shm_engine_claim_inline(&self.engine)
+                    if claim != SHM_CLAIM_NONE:
+                        rc = claim
+                        break
+                seen = capi.shm_load_acquire(&self.engine.done)
+                if runs:
+                    head = capi.shm_engine_claim(&self.engine)
+                    if head != NULL:
+                        self._run_queued(<op_t *>head, False)
+                        continue
+                got = capi.shm_wait_geq(&self.engine.done, seen + 1, &self.engine.done_waiters,
+                                        self.spin_ns if runs else 0, self.yields,
+                                        SLICE_NS if runs else 1000 * 1000)
+                if not got:
+                    with gil:
+                        PyErr_CheckSignals()
+                if deadline and capi.shm_now_ns() > deadline:
+                    rc = -2
+                    break
+        finally:
+            if runs:
+                capi.shm_fetch_sub(&self.engine.drivers, 1)
+            if capi.shm_engine_pending(&self.engine):
+                capi.shm_engine_kick(&self.engine)  # what is left is the progress thread's
+        return rc
+
+    cdef _Call _open(self, bint async_op):
+        """The _Call to fill for a new call: a fresh one for an async op; for a synchronous one the
+        inline _Call, once this thread holds the engine (after everything issued before it ran)."""
+        cdef _Call call
+        cdef int claim
+        if self.closed:
+            raise ValueError(f"process group {self.job}.{self.part} was destroyed")
+        if async_op:
+            call = _Call.__new__(_Call)
+            call._tables(self.size)
+            return call
+        claim = capi.shm_engine_claim_inline(&self.engine)
+        if claim == SHM_CLAIM_NONE:
+            with nogil:
+                claim = self._drive(NULL, -1.0)
+        call = self.inline_call
+        if claim == SHM_CLAIM_NESTED:
+            # A queued Python op calls a collective: a _Call of its own (the inline one may be
+            # the caller's, mid-call).
+            call = _Call.__new__(_Call)
+            call._tables(self.size)
+            call.inline = True
+        call.claim = claim
+        call.reset()
+        return call
+
+    cdef _abandon(self, _Call call):
+        """A call whose arguments were refused: let go of the engine if it held it."""
+        if call.inline:
+            capi.shm_engine_release(&self.engine, call.claim, 0)
+            call.owners = None
+
+    cdef object _go(self, _Call call, object owners, object outputs):
+        """Run a filled call: inline now (returns None), or queued (returns its Work)."""
+        cdef int rc
+        cdef op_t *o = &call.o
+        if call.inline:
+            with nogil:
+                rc = (<_exec_unchecked_t>_exec_entry)(self, o)
+                if rc < 0 and self.published:
+                    self._withdraw()
+                self.published = False
+                capi.shm_engine_release(&self.engine, call.claim, 0)
+            if rc < 0:
+                raise _fetch_exception()
+            return None
+        call.owners = owners
+        call.outputs = outputs
+        self.inflight.append(call)
+        self._prune()
+        if capi.shm_engine_push(&self.engine, o) != 0:
+            self.inflight.pop()
+            raise MemoryError("cannot queue the operation")
+        if self.thread is None:
+            self._start_thread()
+        return Work._of(call, self)
+
+    cdef _prune(self):
+        """Forget queued calls that completed (their arrays may go)."""
+        cdef _Call head
+        while self.inflight:
+            head = self.inflight[0]
+            if not head.done():
+                break
+            self.inflight.popleft()
+
+    def submit(self, fn, tuple args, outputs, bint async_op=False):
+        """Run ``fn(*args)`` in issue order (collectives it calls run inside it); a Work if async.
+
+        Example::
+
+            >>> # comm.submit(lambda: [comm.all_reduce(a) for a in arrays], (), arrays, True)
+        """
+        cdef _Call call = self._open(async_op)
+        call.o.kind = K_PYTHON
+        if call.inline:
+            try:
+                fn(*args)
+            finally:
+                self._abandon(call)
+            return None
+        call.fn, call.args = fn, args
+        return self._go(call, None, list(outputs))
+
+    cdef _start_thread(self):
+        with self.thread_lock:
+            if self.thread is None and not self.closed:
+                self.thread = threading.Thread(target=self._progress_loop, daemon=True,
+                                               name=f"shmcomm-{self.job}.{self.part}")
+                self.thread.start()
+
+    def _progress_loop(self):
+        """The group's background thread: runs queued ops nobody is waiting for."""
+        with nogil:
+            self._progress()
+
+    cdef void _progress(self) noexcept nogil:
+        cdef void *head
+        cdef uint32_t seen, last_kick = 0
+        cdef uint64_t now, active = capi.shm_now_ns()
+        while not capi.shm_load_acquire(&self.engine.stop):
+            seen = capi.shm_load_acquire(&self.engine.kick)
+            if seen != last_kick:
+                last_kick, active = seen, capi.shm_now_ns()
+            # A thread waiting for its Work drives the queue itself: leave the cores to it.
+            if capi.shm_load_acquire(&self.engine.drivers) == 0:
+                head = capi.shm_engine_claim(&self.engine)
+                if head != NULL:
+                    self._run_queued(<op_t *>head, True)
+                    active = capi.shm_now_ns()
+                    continue
+            now = capi.shm_now_ns()
+            capi.shm_engine_rest(&self.engine, seen, now - active > IDLE_NS, self.doze_ns, SLICE_NS)
+
+    cdef _stop_thread(self):
+        thread = self.thread
+        if thread is None:
+            return
+        capi.shm_store_seq_cst(&self.engine.stop, 1)
+        capi.shm_fetch_add(&self.engine.kick, 1)
+        capi.shm_futex_wake_all(&self.engine.kick)
+        if thread is not threading.current_thread():
+            thread.join()
+        self.thread = None
+
+    def drain(self):
+        """Run every queued op to its end (on this thread or the progress thread).
+
+        Example::
+
+            >>> # comm.drain()   # before close: nothing of this group is left running
+        """
+        cdef int claim
+        if self.closed or not self.engine_ready:
+            return
+        claim = capi.shm_engine_claim_inline(&self.engine)
+        if claim == SHM_CLAIM_NESTED:
+            capi.shm_engine_release(&self.engine, claim, 0)
+            raise ShmcommError("a process group cannot be destroyed from inside one of its own "
+                               "operations")
+        if claim == SHM_CLAIM_NONE:
+            with nogil:
+                claim = self._drive(NULL, -1.0)
+        capi.shm_engine_release(&self.engine, claim, 0)
+        self._prune()
+
+    def pending(self):
+        """Number of queued ops not yet run to their end.
+
+        Example::
+
+            >>> # comm.pending() == 0 after wait() on every Work
+        """
+        return capi.shm_engine_pending(&self.engine)
+
+    # ---- shared arrays ------------------------------------------------------------------------
+    def alloc_shared(self, size_t nbytes_per_rank):
+        """Collectively map one new segment holding `nbytes_per_rank` bytes per rank (page aligned);
+        returns (Segment, stride). Rank 0 creates it, the others attach, rank 0 unlinks it."""
+        from shmcomm.segments import segment_name
+        cdef size_t stride = _align_up(max(nbytes_per_rank, 1), 4096)
+        cdef Segment seg = None
+        cdef _Call call = self._open(False)
+        try:
+            self._begin(b"empty")
+            self.heap_count += 1
+            name = segment_name(self.job, f"{self.part}.h{self.heap_count}")
+            if self.rank == 0:
+                seg = Segment.create(name, stride * self.size)
+            self._set_desc(K_ALLOC, 0, nbytes_per_rank, 0, 0)
+            try:
+                with nogil:
+                    self._step()
+                    self._check_desc()
+                if self.rank != 0:
+                    seg = Segment.attach(name)
+                    if seg is None or seg.size != stride * self.size:
+                        raise self._fail(ShmcommError(f"empty: cannot attach shared array segment {name}"))
+                with nogil:
+                    self._step()
+            finally:
+                if seg is not None and self.rank == 0:
+                    seg.unlink()
+        finally:
+            self._abandon(call)
+        self.heaps = [h for h in self.heaps if h[0]() is not None]
+        self.heaps.append((weakref.ref(seg), self.heap_count, stride))
+        return seg, stride
+
+    cdef uint64_t _find_heap(self, char *ptr, size_t nbytes, uint64_t *off, size_t *stride_out):
+        """Heap id (0: none) of the sc.empty region of this rank holding [ptr, ptr+nbytes)."""
+        cdef Segment seg
+        cdef char *lo
+        for ref, heap_id, stride in self.heaps:
+            seg = ref()
+            if seg is None:
+                continue
+            lo = seg.base + self.rank * <size_t>stride
+            if lo <= ptr and ptr + nbytes <= lo + <size_t>stride:
+                off[0] = ptr - lo
+                stride_out[0] = stride
+                return heap_id
+        off[0] = 0
+        stride_out[0] = 0
+        return 0
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def abort(self):
+        """Abort the group on every rank: pending and later ops raise AbortedError."""
+        if self.hdr == NULL or getpid() != self.owner_pid:
+            return
+        capi.shm_store_seq_cst(&self.hdr.abort_flag, 1)
+        for r in range(self.size):
+            capi.shm_futex_wake_all(&self.cb(r).seq)
+            capi.shm_futex_wake_all(&self.cb(r).bell)
+
+    def is_aborted(self):
+        return self.hdr != NULL and capi.shm_load_acquire(&self.hdr.abort_flag) != 0
+
+    def close(self):
+        """Leave the group: queued ops run to their end first (each bounded by the group's
+        timeout); peers still waiting on this rank get PeerFailureError. In a forked child this
+        only forgets the group: the parent is still a member."""
+        if self.closed:
+            return
+        if getpid() != self.owner_pid:
+            self.closed = True
+            return
+        try:
+            self.drain()
+        finally:
+            self.closed = True
+            self._stop_thread()
+            if self.hdr != NULL:
+                capi.shm_store_seq_cst(&self.cb(self.rank).state, SHM_RANK_DEPARTED)
+                capi.shm_futex_wake_all(&self.cb(self.rank).seq)
+                capi.shm_futex_wake_all(&self.cb(self.rank).bell)
+            for r in range(self.size):
+                if self.pidfds[r] >= 0:
+                    close(self.pidfds[r])
+                    self.pidfds[r] = -1
+
+    def __dealloc__(self):
+        if self.pidfds != NULL:
+            for r in range(self.size):
+                if self.pidfds[r] >= 0:
+                    close(self.pidfds[r])
+        if self.engine_ready:
+            capi.shm_engine_free(&self.engine)
+        free(self.pidfds); free(self.pids); free(self.srcs)
+        free(self.scratch)
+        free(self.staging)
+
+    # ---- Python-facing entry points: validate into a _Call, then run or queue it ----------------
+    cdef int _check_root(self, int root, str argname) except -1:
+        if not 0 <= root < self.size:
+            raise ValueError(f"{argname} must be a rank in [0, {self.size}), got {root}")
+        return 0
+
+    cdef int _check_op(self, int dtype, int op) except -1:
+        if not 0 <= op < SHM_NOPS:
+            raise ValueError(f"op must be a ReduceOp, got {op}")
+        if not shm_reduce_supported(dtype, op):
+            if op == SHM_AVG:
+                raise TypeError(f"op AVG needs a floating-point or complex dtype, got {DTYPE_NAMES[dtype]}")
+            raise TypeError(f"op {OP_NAMES[op]} is not supported for dtype {DTYPE_NAMES[dtype]}")
+        return 0
+
+    cpdef all_reduce(self, array, int op=SHM_SUM, bint async_op=False):
+        cdef _Call call = self._open(async_op)
+        try:
+            owners = _prep_reduce(self, &call.o, array, op, -1)
+        except BaseException:
+            self._abandon(call)
+            raise
+        return self._go(call, owners, [array])
+
+    cpdef reduce(self, array, int dst, int op=SHM_SUM, bint async_op=False):
+        cdef _Call call = self._open(async_op)
+        try:
+            self._check_root(dst, "dst")
+            owners = _prep_reduce(self, &call.o, array, op, dst)
+        except BaseException:
+            self._abandon(call)
+            raise
+        return self._go(call, owners, [array])
+
+    cpdef broadcast(self, array, int src, bint async_op=False):
+        cdef _Call call = self._open(async_op)
+        try:
+            owners = _prep_broadcast(self, &call.o, array, src)
+        except BaseException:
+            self._abandon(call)
+            raise
+        return self._go(call, owners, [array])
+
+    cpdef all_gather(self, list output_list, array, bint async_op=False):
+        cdef _Call call = self._open(async_op)
+        try:
+            owners = _prep_gather(self, &call.o, output_list, array, -1, "output_list")
+        except BaseException:
+            self._abandon(call)
+            raise
+        return self._go(call, owners, output_list)
+
+    cpdef all_gather_into(self, output, array, bint async_op=False):
+        cdef _Call call = self._open(async_op)
+        try:
+            owners = _prep_gather_into(self, &call.o, output, array)
+        except BaseException:
+            self._abandon(call)
+            raise
+        return self._go(call, owners, [output])
+
+    cpdef gather(self, array, gather_list, int dst, bint async_op=False):
+        cdef _Call call = self._open(async_op)
+        try:
+            self._check_root(dst, "dst")
+            if self.rank == dst and gather_list is None:
+                raise ValueError("gather_list is required on the dst rank")
+            if self.rank != dst and gather_list is not None:
+                raise ValueError("gather_list must be None on ranks other than dst")
+            owners = _prep_gather(self, &call.o, gather_list, array, dst, "gather_list")
+        except BaseException:
+            self._abandon(call)
+            raise
+        return self._go(call, owners, gather_list or [])
+
+    cpdef scatter(self, array, scatter_list, int src, bint async_op=False):
+        cdef _Call call = self._open(async_op)
+        try:
+            owners = _prep_scatter(self, &call.o, array, scatter_list, src)
+        except BaseException:
+            self._abandon(call)
+            raise
+        return self._go(call, owners, [array])
+
+    cpdef reduce_scatter(self, output, list input_list, int op=SHM_SUM, bint async_op=False):
+        cdef _Call call = self._open(async_op)
+        try:
+            owners = _prep_reduce_scatter(self, &call.o, output, input_list, op)
+        except BaseException:
+            self._abandon(call)
+            raise
+        return self._go(call, owners, [output])
+
+    cpdef reduce_scatter_into(self, output, input, int op=SHM_SUM, bint async_op=False):
+        cdef _Call call = self._open(async_op)
+        try:
+            owners = _prep_reduce_scatter_into(self, &call.o, output, input, op)
+        except BaseException:
+            self._abandon(call)
+            raise
+        return self._go(call, owners, [output])
+
+    cpdef all_to_all(self, list output_list, list input_list, bint async_op=False):
+        cdef _Call call = self._open(async_op)
+        try:
+            owners = _prep_all_to_all(self, &call.o, output_list, input_list)
+        except BaseException:
+            self._abandon(call)
+            raise
+        return self._go(call, owners, output_list)
+
+    cpdef all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None,
+                            bint async_op=False):
+        cdef _Call call = self._open(async_op)
+        try:
+            owners = _prep_all_to_all_single(self, &call.o, output, input, output_split_sizes,
+                                             input_split_sizes)
+        except BaseException:
+            self._abandon(call)
+            raise
+        return self._go(call, owners, [output])
+
+    cpdef barrier(self, bint async_op=False):
+        cdef _Call call = self._open(async_op)
+        call.o.kind = K_BARRIER
+        return self._go(call, None, [])
+
+
+cdef int _exec_entry(Communicator c, op_t *o) except -1 nogil:
+    return c._exec(o)
+
+
+cdef const char *_kind_cname(int kind) noexcept nogil:
+    """The op's name as a C string, for error messages (static storage: no GIL needed)."""
+    if kind == K_ALL_REDUCE: return "all_reduce"
+    if kind == K_REDUCE: return "reduce"
+    if kind == K_BROADCAST: return "broadcast"
+    if kind == K_ALL_GATHER: return "all_gather"
+    if kind == K_GATHER: return "gather"
+    if kind == K_SCATTER: return "scatter"
+    if kind == K_REDUCE_SCATTER: return "reduce_scatter"
+    if kind == K_ALL_TO_ALL: return "all_to_all"
+    if kind == K_ALL_TO_ALL_V: return "all_to_all_single"
+    if kind == K_BARRIER: return "barrier"
+    if kind == K_ALLOC: return "empty"
+    return "operation"
+
+
+cdef void _settle_future(op_t *o) noexcept nogil:
+    """Complete the Future handed out for ``o`` (once, by whoever gets here first), with the GIL.
+    Callbacks run here; an error escaping one (SystemExit included) is logged, never allowed to
+    end the thread that runs the group's ops."""
+    if capi.shm_fetch_add(&o.future_taken, 1) != 0:
+        return
+    with gil:
+        call = <_Call>o.call
+        try:
+            if call.error is not None:
+                call.future.set_exception(call.error)
+            else:
+                call.future.set_result(call.outputs)
+        except BaseException as exc:  # noqa: BLE001 - see the docstring
+            _fut_log_callback_error(call.future, exc)

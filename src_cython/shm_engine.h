@@ -1,0 +1,174 @@
+/* Progress engine of one process group: the queue of issued operations and who runs them.
+ *
+ * Operations on a group run one at a time, in issue order. Any thread may run the one at the head
+ * of the queue: the group's background thread, or a thread that waits for an operation (it
+ * drives the queue up to its own instead of handing off and sleeping). A synchronous call claims
+ * the engine for itself ("inline") once everything issued before it has run. Everything here
+ * runs without the GIL; operations are opaque pointers owned by the caller.
+ *
+ * Waking the background thread costs a futex syscall (1-3 us) on every submit, more than a whole
+ * small collective, and in the common "issue, then wait at once" pattern the waiter runs the op
+ * before the thread could start anyway. So while the group is active the thread dozes (a futex
+ * wait with a short timeout, default 50 us) and submit only bumps a counter; the thread sleeps
+ * without a timeout, and submit wakes it, only after a quiet spell (IDLE_NS).
+ */
+#ifndef SHMCOMM_ENGINE_H
+#define SHMCOMM_ENGINE_H
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shm_sync.h"
+
+enum { SHM_OP_QUEUED = 0, SHM_OP_RUNNING = 1, SHM_OP_DONE = 2 };
+enum { SHM_CLAIM_NONE = 0, SHM_CLAIM_OWN = 1, SHM_CLAIM_NESTED = 2 };
+
+typedef struct {
+    pthread_mutex_t mu;
+    void **slots;            /* ring of queued ops, indexed by ticket % cap */
+    uint64_t cap;
+    uint64_t issued;         /* tickets handed out (under mu) */
+    uint64_t finished;       /* queued ops that ran (under mu) */
+    int busy;                /* a thread runs an op or holds the engine inline (under mu) */
+    pthread_t owner;         /* that thread */
+    int depth;               /* nested inline claims of the owner (Python ops calling collectives) */
+    uint32_t done;           /* bumped after every op: what waiters sleep on (futex word) */
+    uint32_t done_waiters;
+    uint32_t kick;           /* bumped on submit: what the background thread sleeps on */
+    uint32_t kick_waiters;
+    uint32_t deep;           /* the background thread sleeps without a timeout: wake it */
+    uint32_t drivers;        /* threads waiting in a drive loop: the background thread leaves
+                                the queue to them instead of competing for the cores */
+    uint32_t stop;
+} shm_engine_t;
+
+static inline int shm_engine_init(shm_engine_t *e) {
+    memset(e, 0, sizeof(*e));
+    e->cap = 64;
+    e->slots = (void **)calloc(e->cap, sizeof(void *));
+    if (!e->slots) return ENOMEM;
+    return pthread_mutex_init(&e->mu, NULL);
+}
+
+static inline void shm_engine_free(shm_engine_t *e) {
+    if (e->slots) {
+        pthread_mutex_destroy(&e->mu);
+        free(e->slots);
+        e->slots = NULL;
+    }
+}
+
+static inline void shm_engine_kick(shm_engine_t *e) {
+    __atomic_fetch_add(&e->kick, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&e->deep, __ATOMIC_SEQ_CST) && __atomic_load_n(&e->kick_waiters, __ATOMIC_SEQ_CST))
+        shm_futex_wake_all(&e->kick);
+}
+
+/* Queue `op` behind everything issued; 0, or ENOMEM. */
+static inline int shm_engine_push(shm_engine_t *e, void *op) {
+    pthread_mutex_lock(&e->mu);
+    if (e->issued - e->finished == e->cap) {
+        uint64_t cap = e->cap * 2, t;
+        void **grown = (void **)calloc(cap, sizeof(void *));
+        if (!grown) {
+            pthread_mutex_unlock(&e->mu);
+            return ENOMEM;
+        }
+        for (t = e->finished; t < e->issued; t++) grown[t % cap] = e->slots[t % e->cap];
+        free(e->slots);
+        e->slots = grown;
+        e->cap = cap;
+    }
+    e->slots[e->issued % e->cap] = op;
+    e->issued++;
+    pthread_mutex_unlock(&e->mu);
+    shm_engine_kick(e);
+    return 0;
+}
+
+/* The op at the head of the queue, now owned by this thread, or NULL (empty, or another thread
+ * is running one). */
+static inline void *shm_engine_claim(shm_engine_t *e) {
+    void *op = NULL;
+    pthread_mutex_lock(&e->mu);
+    if (!e->busy && e->finished < e->issued) {
+        op = e->slots[e->finished % e->cap];
+        e->busy = 1;
+        e->owner = pthread_self();
+        e->depth = 0;
+    }
+    pthread_mutex_unlock(&e->mu);
+    return op;
+}
+
+/* Hold the engine for a synchronous call: SHM_CLAIM_OWN when the queue is empty and nobody runs
+ * anything, SHM_CLAIM_NESTED when this thread already holds it (a queued Python op calling a
+ * collective), SHM_CLAIM_NONE otherwise. */
+static inline int shm_engine_claim_inline(shm_engine_t *e) {
+    int got = SHM_CLAIM_NONE;
+    pthread_mutex_lock(&e->mu);
+    if (e->busy) {
+        if (pthread_equal(e->owner, pthread_self())) {
+            e->depth++;
+            got = SHM_CLAIM_NESTED;
+        }
+    } else if (e->finished == e->issued) {
+        e->busy = 1;
+        e->owner = pthread_self();
+        e->depth = 0;
+        got = SHM_CLAIM_OWN;
+    }
+    pthread_mutex_unlock(&e->mu);
+    return got;
+}
+
+/* End a claim: `queued` when it was the queue's head op (it leaves the queue). */
+static inline void shm_engine_release(shm_engine_t *e, int claim, int queued) {
+    int more;
+    pthread_mutex_lock(&e->mu);
+    if (claim == SHM_CLAIM_NESTED) {
+        e->depth--;
+        pthread_mutex_unlock(&e->mu);
+        return;
+    }
+    if (queued) e->finished++;
+    e->busy = 0;
+    more = e->finished < e->issued;
+    pthread_mutex_unlock(&e->mu);
+    __atomic_fetch_add(&e->done, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&e->done_waiters, __ATOMIC_SEQ_CST)) shm_futex_wake_all(&e->done);
+    if (more) shm_engine_kick(e); /* ops queued behind: the background thread takes them */
+}
+
+static inline int shm_engine_idle(shm_engine_t *e) {
+    int idle;
+    pthread_mutex_lock(&e->mu);
+    idle = !e->busy && e->finished == e->issued;
+    pthread_mutex_unlock(&e->mu);
+    return idle;
+}
+
+static inline uint64_t shm_engine_pending(shm_engine_t *e) {
+    uint64_t n;
+    pthread_mutex_lock(&e->mu);
+    n = e->issued - e->finished;
+    pthread_mutex_unlock(&e->mu);
+    return n;
+}
+
+/* The background thread's rest between ops: doze for `doze_ns` while the group was active
+ * recently, else sleep until kicked (up to `slice_ns`, so it can notice `stop`). */
+static inline void shm_engine_rest(shm_engine_t *e, uint32_t seen_kick, int deep, uint64_t doze_ns,
+                                   uint64_t slice_ns) {
+    if (deep) {
+        __atomic_store_n(&e->deep, 1, __ATOMIC_SEQ_CST);
+        /* A submit between our last look and `deep = 1` changed `kick`: the wait returns at once. */
+    }
+    shm_wait_geq(&e->kick, seen_kick + 1, &e->kick_waiters, 0, 0, deep ? slice_ns : doze_ns);
+    if (deep) __atomic_store_n(&e->deep, 0, __ATOMIC_SEQ_CST);
+}
+
+#endif

@@ -1,0 +1,174 @@
+# Work: the handle of an async operation.
+#
+# A collective's Work holds its _Call: completion is a C flag the runner stores, and `wait`
+# drives the group's queue on the calling thread up to this op (no hand-off, no sleep when the
+# op is next in line). The Future is made only if asked for (get_future). A point-to-point Work
+# holds a Future that the p2p engine completes, and a `drive` function that moves bytes on the
+# waiting thread.
+
+
+cdef class Work:
+    """Handle of an asynchronous operation, as returned by any call with ``async_op=True``.
+
+    The Work keeps the operation's arrays alive until it completes; dropping it without
+    ``wait()`` is fine (the op still runs, in issue order). ``wait`` may be called from any
+    thread, and more than once::
+
+        work = sc.all_reduce(x, async_op=True)
+        compute_something_else()
+        work.wait()            # raises the operation's error, if any
+        assert work.is_success()
+    """
+    cdef _Call _call                 # collective: its arguments and state; None for p2p
+    cdef Communicator _comm
+    cdef public object _future       # p2p: completed by the p2p engine; collective: made lazily
+    cdef public object _outputs
+    cdef public int _source
+    cdef object _abort_fn
+    cdef object _drive
+    cdef object __weakref__
+
+    def __init__(self, fn=None, args=(), outputs=(), abort=None, drive=None):
+        # Point-to-point Works: the p2p engine completes `_future` (fn and args are unused).
+        self._future = Future()
+        self._outputs = list(outputs)
+        self._source = -1
+        self._abort_fn = abort
+        self._drive = drive
+
+    @staticmethod
+    cdef Work _of(_Call call, Communicator comm):
+        cdef Work w = Work.__new__(Work)
+        w._call, w._comm, w._outputs, w._source = call, comm, call.outputs, -1
+        return w
+
+    cdef inline bint _done(self):
+        if self._call is not None:
+            return self._call.done()
+        return self._future.done()
+
+    def wait(self, timeout=None):
+        """Block until done; return True or raise the op's error (CommTimeoutError past
+        ``timeout`` seconds, the op still pending).
+
+        Example::
+
+            work.wait(timeout=5.0)
+        """
+        cdef double limit = -1.0 if timeout is None else float(timeout)
+        cdef int rc = 0
+        cdef _Call call = self._call
+        if call is None:
+            return self._wait_future(limit)
+        if not call.done():
+            with nogil:
+                rc = self._comm._drive(&call.o, limit)
+            if rc == -2:
+                raise CommTimeoutError(f"Work not completed within {timeout} s")
+            self._comm._prune()
+        if call.error is not None:
+            raise call.error
+        return True
+
+    cdef _wait_future(self, double limit):
+        try:
+            if self._drive is not None and not self._future.done():
+                self._drive(self._future, limit)
+            self._future.wait(None if limit < 0 else limit)
+        except CommTimeoutError:
+            if self._future.done():
+                raise
+            raise CommTimeoutError(f"Work not completed within {limit} s") from None
+        return True
+
+    def is_completed(self):
+        """True once the operation finished, successfully or not.
+
+        Example::
+
+            while not work.is_completed():
+                do_other_work()
+        """
+        return self._done()
+
+    def is_success(self):
+        """True if the operation finished without error.
+
+        Example::
+
+            work.wait(); assert work.is_success()
+        """
+        return self._done() and self.exception() is None
+
+    def exception(self):
+        """The operation's error, or None (also None while still running).
+
+        Example::
+
+            if work.is_completed() and work.exception():
+                log(work.exception())
+        """
+        if not self._done():
+            return None
+        if self._call is not None:
+            return self._call.error
+        try:
+            self._future.value()
+        except BaseException as exc:  # noqa: BLE001
+            return exc
+        return None
+
+    def result(self):
+        """The arrays the operation wrote (e.g. ``[array]`` for all_reduce), after ``wait``.
+
+        Example::
+
+            out, = sc.all_reduce(x, async_op=True).result()
+        """
+        self.wait()
+        return list(self._outputs)
+
+    def get_future(self):
+        """A ``shmcomm.Future`` completed with ``result()`` (or the op's error). Its callbacks run
+        on the thread that completes the op (the group's progress thread, or a waiter).
+
+        Example::
+
+            fut = work.get_future().then(lambda f: f.value()[0].sum())
+        """
+        cdef _Call call = self._call
+        if call is None or call.future is not None:
+            return self._future if call is None else call.future
+        call.future = Future()
+        capi.shm_store_seq_cst(&call.o.has_future, 1)
+        if call.done():  # completed before the flag was seen: settle it here (once)
+            with nogil:
+                _settle_future(&call.o)
+        return call.future
+
+    def source_rank(self):
+        """Sender's rank for a completed ``irecv``; -1 otherwise.
+
+        Example::
+
+            w = sc.irecv(buf); w.wait(); print("from", w.source_rank())
+        """
+        return self._source
+
+    def abort(self):
+        """Abort the whole group: pending and later ops on it raise AbortedError on every rank.
+
+        Example::
+
+            work.abort()
+        """
+        if self._call is not None:
+            self._comm.abort()
+        else:
+            if self._abort_fn is not None:
+                self._abort_fn()
+            if not self._future.done():
+                self._future.set_exception(AbortedError("the operation was aborted"))
+
+    def __repr__(self):
+        return f"<shmcomm.Work {'done' if self._done() else 'pending'}>"
