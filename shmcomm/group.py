@@ -197,6 +197,9 @@ class ProcessGroup(_core.GroupCore):
         if self._destroyed:
             return
         self._destroyed = True
+        if os.getpid() != self._comm.owner_pid:
+            self._comm.close()  # a forked child: forget the group, the parent is still in it
+            return
         try:
             self._comm.drain()  # queued ops run to their end (each bounded by the timeout)
         finally:

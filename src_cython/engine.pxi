@@ -106,7 +106,7 @@ cdef class Communicator:
     cdef object inflight          # queued _Calls, oldest first (they keep their arrays alive)
     cdef object thread
     cdef object thread_lock
-    cdef int owner_pid            # a forked child must not leave its parent's group
+    cdef readonly int owner_pid   # a forked child must not leave its parent's group
     cdef uint64_t doze_ns
 
     def __cinit__(self):

@@ -1,0 +1,414 @@
+"""The async engine: per-call arguments (no call can reach another's buffers), ops of every kind
+in flight at once, a late peer, and the lifecycle cases (timeouts, abort, destroy, fork, threads,
+callbacks). Each test here failed before the engine was rewritten (issue: async collectives)."""
+
+import gc
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import shmcomm as sc
+from harness import run_ranks
+
+# 1 MiB single-copy threshold at test sizes: the tests cover slots and single copy with small arrays.
+SMALL_PATHS = {"SHMCOMM_CMA_BYTES": 4096, "SHMCOMM_SLOT_BYTES": 8192}
+
+
+def _two_all_gathers_late_peer(rank, size):
+    """The issue's reproducer: two all_gathers in flight, rank 1 late; rank 0's first outputs
+    used to stay zero (its data went into the second op's buffers)."""
+    if rank == 1:
+        time.sleep(0.3)
+    xa = np.full(4, 10 + rank, np.float32)
+    outs_a = [np.zeros(4, np.float32) for _ in range(size)]
+    xb = np.full(4, 20 + rank, np.float32)
+    outs_b = [np.zeros(4, np.float32) for _ in range(size)]
+    wa = sc.all_gather(outs_a, xa, async_op=True)
+    time.sleep(0.05)
+    wb = sc.all_gather(outs_b, xb, async_op=True)
+    wa.wait()
+    wb.wait()
+    for q in range(size):
+        np.testing.assert_array_equal(outs_a[q], np.full(4, 10 + q, np.float32))
+        np.testing.assert_array_equal(outs_b[q], np.full(4, 20 + q, np.float32))
+    return True
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world", [2, 3])
+def test_two_async_all_gathers_with_a_late_peer_keep_their_own_buffers(world):
+    assert all(run_ranks(_two_all_gathers_late_peer, world))
+
+
+def _issue_every_kind(rank, size, n, late_rank):
+    """Every collective kind in flight at once (twice, with different values), the late rank
+    arriving after the others queued everything; each result checked against numpy."""
+    checks, works = [], []
+
+    def pace():
+        # Every rank issues an op every 20 ms, the late rank 30 ms behind the others: they validate
+        # op k+1 while op k runs (blocked on the late rank), which is when one call's arguments
+        # used to overwrite the running call's pointer tables.
+        time.sleep(0.02)
+
+    if rank == late_rank:
+        time.sleep(0.03)
+
+    for round_ in range(2):
+        base = 100 * round_
+        x = np.arange(n, dtype=np.float64) + rank + base
+        pace()
+        works.append(sc.all_reduce(x, async_op=True))
+        checks.append((x, sum(np.arange(n, dtype=np.float64) + r + base for r in range(size))))
+        b = np.full(n, -1.0) if rank != size - 1 else np.arange(n, dtype=np.float64) + base
+        pace()
+        works.append(sc.broadcast(b, src=size - 1, async_op=True))
+        checks.append((b, np.arange(n, dtype=np.float64) + base))
+        red = np.full(n, rank + base, np.int64)
+        pace()
+        works.append(sc.reduce(red, dst=0, async_op=True))
+        checks.append((red, np.full(n, sum(r + base for r in range(size)), np.int64) if rank == 0
+                       else np.full(n, rank + base, np.int64)))
+        outs = [np.zeros(n, np.float32) for _ in range(size)]
+        pace()
+        works.append(sc.all_gather(outs, np.full(n, rank + base, np.float32), async_op=True))
+        checks += [(outs[q], np.full(n, q + base, np.float32)) for q in range(size)]
+        whole = np.zeros(size * n, np.int32)
+        pace()
+        works.append(sc.all_gather_into(whole, np.full(n, rank + base, np.int32), async_op=True))
+        checks.append((whole, np.repeat(np.arange(size, dtype=np.int32) + base, n)))
+        glist = [np.zeros(n, np.int16) for _ in range(size)] if rank == 1 % size else None
+        pace()
+        works.append(sc.gather(np.full(n, rank + base, np.int16), glist, dst=1 % size, async_op=True))
+        if glist is not None:
+            checks += [(glist[q], np.full(n, q + base, np.int16)) for q in range(size)]
+        sc_out = np.zeros(n, np.float32)
+        slist = [np.full(n, 10 * q + base, np.float32) for q in range(size)] if rank == 0 else None
+        pace()
+        works.append(sc.scatter(sc_out, slist, src=0, async_op=True))
+        checks.append((sc_out, np.full(n, 10 * rank + base, np.float32)))
+        rs = np.zeros(n, np.float64)
+        ins = [np.full(n, rank * 10 + q + base, np.float64) for q in range(size)]
+        pace()
+        works.append(sc.reduce_scatter(rs, ins, async_op=True))
+        checks.append((rs, np.full(n, sum(r * 10 + rank + base for r in range(size)), np.float64)))
+        a2a_out = [np.zeros(n, np.int64) for _ in range(size)]
+        a2a_in = [np.full(n, 100 * rank + q + base, np.int64) for q in range(size)]
+        pace()
+        works.append(sc.all_to_all(a2a_out, a2a_in, async_op=True))
+        checks += [(a2a_out[q], np.full(n, 100 * q + rank + base, np.int64)) for q in range(size)]
+        single = np.arange(size * n, dtype=np.float32) + 1000 * rank + base
+        single_out = np.zeros(size * n, np.float32)
+        pace()
+        works.append(sc.all_to_all_single(single_out, single, async_op=True))
+        expect = np.concatenate([np.arange(rank * n, (rank + 1) * n, dtype=np.float32) + 1000 * q + base
+                                 for q in range(size)])
+        checks.append((single_out, expect))
+        pace()
+        works.append(sc.barrier(async_op=True))
+    for w in works:
+        assert w.wait() is True
+    for got, want in checks:
+        np.testing.assert_array_equal(got, want)
+    return True
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("n", [5, 3000, 40000])
+def test_every_kind_in_flight_with_a_late_peer(world, n):
+    env = SMALL_PATHS if n > 5 else {}
+    assert all(run_ranks(_issue_every_kind, world, n, world - 1, env=env))
+
+
+def _two_heaps(rank, size):
+    """Two async all_reduces on sc.empty arrays from two heaps (the zero-copy path) used to share
+    one 'current heap stride' field: silently wrong."""
+    a = sc.empty(1 << 16, np.float32)
+    b = sc.empty(3 << 16, np.float32)  # another heap, another stride
+    a[:] = rank + 1
+    b[:] = 10 * (rank + 1)
+    if rank == 0:
+        time.sleep(0.2)
+    wa = sc.all_reduce(a, async_op=True)
+    wb = sc.all_reduce(b, async_op=True)
+    wa.wait()
+    wb.wait()
+    total = size * (size + 1) / 2
+    assert (a == total).all() and (b == 10 * total).all()
+    return True
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world", [2, 3])
+def test_async_all_reduces_on_two_heaps(world):
+    assert all(run_ranks(_two_heaps, world, env={"SHMCOMM_CMA_BYTES": 4096}))
+
+
+def _sync_behind_async(rank, size):
+    """A synchronous call issued behind queued async ones waits its turn and sees their results."""
+    if rank == 0:
+        time.sleep(0.2)
+    xs = [np.full(1000, rank + i, np.float64) for i in range(8)]
+    works = [sc.all_reduce(x, async_op=True) for x in xs]
+    y = np.full(3, float(rank))
+    sc.all_reduce(y)
+    assert (y == sum(range(size))).all()
+    for i, (w, x) in enumerate(zip(works, xs)):
+        assert w.is_completed()  # ran before the synchronous call
+        assert (x == sum(r + i for r in range(size))).all()
+    return True
+
+
+@pytest.mark.timeout(60)
+def test_synchronous_call_behind_queued_ones():
+    assert all(run_ranks(_sync_behind_async, 3))
+
+
+def _dropped_works(rank, size):
+    """Works dropped without wait: the ops still run, in order, and their arrays stay alive."""
+    for i in range(50):
+        sc.all_reduce(np.full(257, float(rank + i)), async_op=True)  # dropped at once
+    x = np.full(257, float(rank))
+    sc.all_reduce(x)
+    assert (x == sum(range(size))).all()
+    return True
+
+
+@pytest.mark.timeout(60)
+def test_works_dropped_without_wait():
+    assert all(run_ranks(_dropped_works, 2))
+
+
+def _freed_arrays(rank, size):
+    """The caller drops its only reference to the arrays while the op runs (peer late)."""
+    if rank == 1:
+        time.sleep(0.3)
+    w = sc.all_reduce(np.ones(1 << 18, np.float32), async_op=True)
+    gc.collect()
+    junk = [np.full(1 << 18, 7.0, np.float32) for _ in range(4)]  # reuse freed memory, if any
+    out, = w.result()
+    assert (out == size).all() and all((j == 7.0).all() for j in junk)
+    return True
+
+
+@pytest.mark.timeout(60)
+def test_arrays_dropped_by_the_caller_while_the_op_runs():
+    assert all(run_ranks(_freed_arrays, 2, env=SMALL_PATHS))
+
+
+# ---- lifecycle ----------------------------------------------------------------------------------
+def _late_peer_and_reused_memory(rank, size):
+    """Rank 1 times out on a single-copy all_reduce and reuses the memory; rank 0 arrives late.
+    Rank 0 used to overwrite half of rank 1's fresh array through the published addresses."""
+    n = 10 << 20  # 40 MiB of float32: above glibc's mmap threshold, so the memory is reused as is
+    if rank == 1:
+        x = np.ones(n, np.float32)
+        try:  # (not pytest.raises: its traceback would keep x alive)
+            sc.all_reduce(x)
+        except sc.CommTimeoutError:
+            pass
+        else:
+            raise AssertionError("rank 1's all_reduce did not time out")
+        del x
+        fresh = np.zeros(n, np.float32)
+        time.sleep(2.5)  # rank 0 runs its all_reduce meanwhile
+        assert not fresh.any(), f"{np.count_nonzero(fresh)} elements written by a late peer"
+        return True
+    time.sleep(1.5)
+    x = np.ones(n, np.float32)
+    try:
+        sc.all_reduce(x)
+    except sc.ShmcommError as exc:
+        return type(exc).__name__
+    raise AssertionError("rank 0's all_reduce with a failed peer succeeded")
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_op_withdraws_its_addresses_before_returning():
+    err, ok = run_ranks(_late_peer_and_reused_memory, 2, env={"SHMCOMM_TIMEOUT": 1.0})
+    assert ok and err in ("PeerFailureError", "CommTimeoutError")
+
+
+def _new_group_behind_async(rank, size):
+    """Rank 0 waits in new_group's rendezvous while its async all_reduce is queued; rank 1 waits
+    for that all_reduce before calling new_group. The rendezvous used to hold the GIL."""
+    x, x2 = np.full(8, float(rank)), np.full(8, float(rank))
+    t0 = time.monotonic()
+    if rank == 0:
+        w = sc.all_reduce(x, async_op=True)
+        w2 = sc.all_reduce(x2, async_op=True)  # starts only after the first one completed
+        sub = sc.new_group([0, 1])
+        w.wait()
+        w2.wait()
+    else:
+        time.sleep(0.1)
+        sc.all_reduce(x)
+        sc.all_reduce(x2)
+        sub = sc.new_group([0, 1])
+    assert (x == sum(range(size))).all() and (x2 == sum(range(size))).all()
+    y = np.ones(2)
+    sc.all_reduce(y, group=sub)
+    assert (y == 2).all()
+    return time.monotonic() - t0
+
+
+@pytest.mark.timeout(60)
+def test_rendezvous_does_not_block_the_progress_thread():
+    took = run_ranks(_new_group_behind_async, 2, env={"SHMCOMM_TIMEOUT": 10.0})
+    assert max(took) < 5.0
+
+
+def _abort_with_queued_ops(rank, size):
+    if rank == 0:
+        works = [sc.all_reduce(np.ones(100), async_op=True) for _ in range(5)]
+        time.sleep(0.1)
+        works[2].abort()
+        for w in works:
+            with pytest.raises(sc.AbortedError):
+                w.wait()
+        with pytest.raises(sc.AbortedError):
+            sc.barrier()
+    else:
+        time.sleep(0.5)
+        with pytest.raises((sc.AbortedError, sc.PeerFailureError)):
+            sc.all_reduce(np.ones(100))
+    return True
+
+
+@pytest.mark.timeout(60)
+def test_abort_fails_every_queued_op_on_every_rank():
+    assert all(run_ranks(_abort_with_queued_ops, 2))
+
+
+def _destroy_with_ops_in_flight(rank, size):
+    """destroy_process_group drains queued ops (it used to return after 5 s with ops running)."""
+    x = np.full(1000, float(rank + 1))
+    if rank == 1:
+        time.sleep(5.5)
+        sc.all_reduce(x)
+    else:
+        sc.all_reduce(x, async_op=True)  # dropped
+        sc.destroy_process_group()
+    assert (x == 3.0).all()
+    return True
+
+
+@pytest.mark.timeout(60)
+def test_destroy_runs_queued_ops_to_their_end():
+    assert all(run_ranks(_destroy_with_ops_in_flight, 2))
+
+
+EXIT_WITH_OPS = """
+import sys, time, numpy as np, shmcomm as sc
+rank, job = int(sys.argv[1]), sys.argv[2]
+sc.init_process_group(rank=rank, world_size=2, name=job, timeout=30)
+x = np.full(1000, float(rank + 1))
+if rank == 1:
+    time.sleep(0.5)
+    sc.all_reduce(x)
+    assert (x == 3.0).all(), x
+    print("ok")
+else:
+    sc.all_reduce(x, async_op=True)   # never waited: the interpreter exits with it queued
+"""
+
+
+@pytest.mark.timeout(60)
+def test_interpreter_exit_with_ops_in_flight():
+    import subprocess
+    import sys
+    import uuid
+
+    from shmcomm import segments
+
+    job = f"test-exit-{uuid.uuid4().hex[:8]}"
+    procs = [subprocess.Popen([sys.executable, "-c", EXIT_WITH_OPS, str(r), job],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=50) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert outs[1][0].strip() == "ok"
+    assert not segments.list_segments(job=job)
+
+
+def _fork_child_exits(rank, size):
+    """A child made with os.fork() that exits normally (atexit handlers run) must not mark its
+    parent's rank as gone."""
+    import atexit
+
+    if rank == 0:
+        pid = os.fork()
+        if pid == 0:
+            atexit._run_exitfuncs()  # what a normal interpreter exit does
+            os._exit(0)
+        os.waitpid(pid, 0)
+        time.sleep(0.3)  # rank 1 waits for us meanwhile: it checks our rank's state
+    x = np.ones(4)
+    sc.all_reduce(x)
+    assert (x == size).all()
+    return True
+
+
+@pytest.mark.timeout(60)
+def test_forked_child_exit_does_not_leave_the_parents_group():
+    assert all(run_ranks(_fork_child_exits, 2))
+
+
+def _system_exit_in_callback(rank, size):
+    """SystemExit raised in a Work's future callback used to kill the progress thread, and every
+    later op on the group waited forever."""
+    import sys
+
+    x = np.ones(4)
+    w = sc.all_reduce(x, async_op=True)
+    w.get_future().add_done_callback(lambda f: sys.exit(3))
+    deadline = time.monotonic() + 10
+    while not w.is_completed() and time.monotonic() < deadline:
+        time.sleep(0.01)  # not waited: the progress thread runs it and the callback
+    assert w.is_completed()
+    w2 = sc.all_reduce(np.ones(4), async_op=True)
+    w2.get_future().then(lambda f: sys.exit(4))
+    w2.wait()
+    y = np.ones(4)
+    sc.all_reduce(y)  # synchronous calls still work too
+    assert (x == size).all() and (y == size).all()
+    return True
+
+
+@pytest.mark.timeout(60)
+def test_system_exit_in_a_callback_does_not_stop_the_group():
+    assert all(run_ranks(_system_exit_in_callback, 2))
+
+
+def _threads_share_a_group(rank, size, n):
+    """Synchronous collectives on one group from two threads are serialised (they crashed or
+    returned wrong sums). Both threads reduce ones, so any pairing across ranks sums to size."""
+    errors = []
+
+    def worker():
+        try:
+            for _ in range(10):
+                x = np.ones(n, np.float32)
+                sc.all_reduce(x)
+                assert (x == size).all()
+                w = sc.all_reduce(np.ones(n, np.float32), async_op=True)
+                assert (w.result()[0] == size).all()
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    return True
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("n", [100_000, 1_000_000])
+def test_synchronous_calls_from_two_threads_are_serialised(n):
+    assert all(run_ranks(_threads_share_a_group, 2, n))
