@@ -272,6 +272,11 @@ cdef class Communicator:
                     self.seg = seg
                     self.hdr = hdr
                     return
+                if capi.shm_load_acquire64(&hdr.magic) == SHM_MAGIC:
+                    # Rank 0 died before every rank attached (SIGKILL during start-up): nobody
+                    # else would remove its segment. Remove it (if the name still is that one,
+                    # not a restarted rank 0's) and wait for a new rank 0.
+                    self._remove_if_same(name, hdr.nonce)
             seg = None
             if time.monotonic() > deadline:
                 raise CommTimeoutError(
@@ -280,6 +285,12 @@ cdef class Communicator:
             time.sleep(delay)  # releases the GIL: other threads (a progress thread) run meanwhile
             delay = min(delay * 2, 0.01)
             PyErr_CheckSignals()
+
+    cdef _remove_if_same(self, str name, uint64_t nonce):
+        cdef Segment again = Segment.attach(name)
+        if again is not None and again.size >= SHM_HEADER_BYTES \
+                and (<capi.shm_header_t *>again.base).nonce == nonce:
+            again.unlink_name()
 
     cdef bint _creator_alive(self, int pid):
         return pid > 0 and (kill(pid, 0) == 0 or errno != 3)  # ESRCH

@@ -412,3 +412,34 @@ def _threads_share_a_group(rank, size, n):
 @pytest.mark.parametrize("n", [100_000, 1_000_000])
 def test_synchronous_calls_from_two_threads_are_serialised(n):
     assert all(run_ranks(_threads_share_a_group, 2, n))
+
+
+START_RANK = """
+import sys, shmcomm as sc
+sc.init_process_group(rank=int(sys.argv[1]), world_size=2, name=sys.argv[2], timeout=float(sys.argv[3]))
+"""
+
+
+@pytest.mark.timeout(60)
+def test_rank0_killed_during_start_up_leaves_no_segment():
+    """Rank 0 SIGKILLed while it waits for its peers, without shmrun: the rank that comes later
+    removes the dead rank 0's segment (it used to stay in /dev/shm)."""
+    import signal
+    import subprocess
+    import sys
+    import uuid
+
+    from shmcomm import segments
+
+    job = f"test-kill0-{uuid.uuid4().hex[:8]}"
+    rank0 = subprocess.Popen([sys.executable, "-c", START_RANK, "0", job, "30"])
+    deadline = time.monotonic() + 20
+    while not segments.list_segments(job=job) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert segments.list_segments(job=job), "rank 0 never created its segment"
+    rank0.send_signal(signal.SIGKILL)
+    rank0.wait()
+    rank1 = subprocess.run([sys.executable, "-c", START_RANK, "1", job, "2"], capture_output=True,
+                           text=True, timeout=30)
+    assert rank1.returncode != 0 and "CommTimeoutError" in rank1.stderr, rank1.stderr
+    assert not segments.list_segments(job=job)

@@ -256,3 +256,15 @@ def test_broken_core_breaks_neither_import_shmcomm_nor_the_torch_entry_point():
 def test_entry_point_is_the_guarded_autoload():
     text = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
     assert 'shmcomm = "shmcomm._torch_entry:autoload"' in text
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("world", [2, 3])
+def test_functional_collectives_of_four_kinds_in_flight(world):
+    """The async issue's heap corruption (4 kinds of functional collectives in flight): values
+    checked every iteration, several runs (it crashed 10 of 10 runs)."""
+    for _ in range(3):
+        proc = run_script([sys.executable, "-m", "shmcomm.launch", "-n", str(world),
+                           "functional_mixed.py", "100"])
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert proc.stdout.count(" ok 100") == world, proc.stdout
