@@ -7,13 +7,22 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 debug = os.environ.get("SHMCOMM_DEBUG_BUILD") == "1"
+# SHMCOMM_SANITIZE=address: an AddressSanitizer build (run with libasan preloaded into Python;
+# .ci/asan does both). Never for a release.
+sanitize = os.environ.get("SHMCOMM_SANITIZE", "")
+compile_args = ["-O0", "-g"] if debug else ["-O3", "-fno-strict-aliasing", "-ffp-contract=off"]
+link_args = []
+if sanitize:
+    compile_args = ["-O1", "-g", "-fno-omit-frame-pointer", f"-fsanitize={sanitize}", "-fno-strict-aliasing"]
+    link_args = [f"-fsanitize={sanitize}"]
 extension = Extension(
     "shmcomm._core",
     sources=["src_cython/_core.pyx"],
     include_dirs=["src_cython", numpy.get_include()],
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-    extra_compile_args=["-O0", "-g"] if debug else ["-O3", "-fno-strict-aliasing", "-ffp-contract=off"],
-    libraries=["rt"],
+    extra_compile_args=compile_args,
+    extra_link_args=link_args,
+    libraries=["rt", "pthread"],
 )
 
 setup(
