@@ -74,9 +74,15 @@ ctypedef struct op_t:
     PyObject *call         # the owning _Call (borrowed: the group's in-flight list holds it)
 
 
+# Groups up to this size keep a call's pointer tables inside the _Call (no allocation per call).
+DEF INLINE_RANKS = 8
+
+
 cdef class _Call:
     """One call's arguments and state (internal)."""
     cdef op_t o
+    cdef char *table_inline[2 * INLINE_RANKS]
+    cdef size_t bytes_inline[2 * INLINE_RANKS]
     cdef object owners     # the arrays behind the pointers: alive until the op completes
     cdef object outputs    # what Work.result() returns
     cdef object error      # the exception that failed the op
@@ -91,15 +97,19 @@ cdef class _Call:
         self.o.out_bytes = NULL
 
     def __dealloc__(self):
-        free(self.o.outs)
-        free(self.o.out_bytes)
+        if self.o.outs != self.table_inline:
+            free(self.o.outs)
+            free(self.o.out_bytes)
 
     cdef int _tables(self, int n) except -1:
-        """Room for n output and n input pointers and sizes, in one block each."""
-        self.o.outs = <char **>calloc(2 * n, sizeof(char *))
-        self.o.out_bytes = <size_t *>calloc(2 * n, sizeof(size_t))
-        if self.o.outs == NULL or self.o.out_bytes == NULL:
-            raise MemoryError()
+        """Room for n output and n input pointers and sizes."""
+        if n <= INLINE_RANKS:
+            self.o.outs, self.o.out_bytes = self.table_inline, self.bytes_inline
+        else:
+            self.o.outs = <char **>calloc(2 * n, sizeof(char *))
+            self.o.out_bytes = <size_t *>calloc(2 * n, sizeof(size_t))
+            if self.o.outs == NULL or self.o.out_bytes == NULL:
+                raise MemoryError()
         self.o.ins = self.o.outs + n
         self.o.in_bytes = self.o.out_bytes + n
         self.o.call = <PyObject *>self

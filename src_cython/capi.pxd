@@ -84,6 +84,7 @@ cdef extern from "shm_engine.h" nogil:
     void shm_engine_kick(shm_engine_t *e)
     int shm_engine_push(shm_engine_t *e, void *op)
     void *shm_engine_claim(shm_engine_t *e)
+    void *shm_engine_claim_queued_before(shm_engine_t *e, uint64_t queued_before)
     int shm_engine_claim_inline(shm_engine_t *e)
     void shm_engine_release(shm_engine_t *e, int claim, int queued)
     int shm_engine_idle(shm_engine_t *e)

@@ -635,7 +635,7 @@ cdef class Communicator:
             if runs:
                 capi.shm_fetch_sub(&self.engine.drivers, 1)
             if capi.shm_engine_pending(&self.engine):
-                capi.shm_engine_kick(&self.engine)  # what is left is the progress thread's
+                capi.shm_engine_kick(&self.engine)  # what is left is the progress thread's (if it sleeps)
         return rc
 
     cdef _Call _open(self, bint async_op):
@@ -744,7 +744,7 @@ cdef class Communicator:
                 last_kick, active = seen, capi.shm_now_ns()
             # A thread waiting for its Work drives the queue itself: leave the cores to it.
             if capi.shm_load_acquire(&self.engine.drivers) == 0:
-                head = capi.shm_engine_claim(&self.engine)
+                head = capi.shm_engine_claim_queued_before(&self.engine, capi.shm_now_ns() - self.doze_ns)
                 if head != NULL:
                     self._run_queued(<op_t *>head, True)
                     active = capi.shm_now_ns()
