@@ -709,7 +709,7 @@ cdef class Communicator:
 
         Example::
 
-            >>> # comm.submit(lambda: [comm.all_reduce(a) for a in arrays], (), arrays, True)
+            work = comm.submit(lambda: [comm.all_reduce(a) for a in arrays], (), arrays, True)
         """
         cdef _Call call = self._open(async_op)
         call.o.kind = K_PYTHON
@@ -768,7 +768,7 @@ cdef class Communicator:
 
         Example::
 
-            >>> # comm.drain()   # before close: nothing of this group is left running
+            comm.drain()   # before close: nothing of this group is left running
         """
         cdef int claim
         if self.closed or not self.engine_ready:
@@ -789,7 +789,7 @@ cdef class Communicator:
 
         Example::
 
-            >>> # comm.pending() == 0 after wait() on every Work
+            assert comm.pending() == 0   # after wait() on every Work
         """
         return capi.shm_engine_pending(&self.engine)
 

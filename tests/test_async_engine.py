@@ -362,9 +362,12 @@ def _system_exit_in_callback(rank, size):
     later op on the group waited forever."""
     import sys
 
+    if rank == 1:
+        time.sleep(0.3)  # rank 0's op is pending when its callback is added (else it runs inline)
     x = np.ones(4)
     w = sc.all_reduce(x, async_op=True)
-    w.get_future().add_done_callback(lambda f: sys.exit(3))
+    if rank == 0:
+        w.get_future().add_done_callback(lambda f: sys.exit(3))
     deadline = time.monotonic() + 10
     while not w.is_completed() and time.monotonic() < deadline:
         time.sleep(0.01)  # not waited: the progress thread runs it and the callback

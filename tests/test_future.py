@@ -736,15 +736,3 @@ def test_await_then_child(sc):
         asyncio.get_running_loop().call_soon(f.set_result, 5)
         return await child
     assert asyncio.run(main()) == 15
-
-
-# ---- documentation ------------------------------------------------------------------------------
-
-def test_public_objects_have_docstrings_with_examples(sc):
-    objects = {"Future": sc.Future, "collect_all": sc.collect_all, "wait_all": sc.wait_all}
-    for name in ("done", "set_result", "set_exception", "wait", "value", "then",
-                 "add_done_callback"):
-        objects[f"Future.{name}"] = getattr(sc.Future, name)
-    for name, obj in objects.items():
-        doc = obj.__doc__ or ""
-        assert "Example" in doc and ">>>" in doc, f"{name} lacks a docstring with an example"

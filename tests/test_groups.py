@@ -1,6 +1,5 @@
 """Process groups: environment init, sub-groups with group-local ranks, teardown, API hygiene."""
 
-import inspect
 import os
 
 import numpy as np
@@ -76,26 +75,3 @@ def _world_of_one(rank, size):
 @pytest.mark.timeout(30)
 def test_world_size_one():
     assert run_ranks(_world_of_one, 1) == [True]
-
-
-def _public_objects():
-    for name in sc.__all__:
-        obj = getattr(sc, name)
-        yield name, obj
-        if inspect.isclass(obj) and not issubclass(obj, BaseException):
-            for attr, member in vars(obj).items():
-                if not attr.startswith("_") and (callable(member) or isinstance(member, property)):
-                    yield f"{name}.{attr}", member
-
-
-def test_every_public_object_has_a_docstring_with_an_example():
-    missing = []
-    for name, obj in _public_objects():
-        doc = inspect.getdoc(obj) or ""
-        if isinstance(obj, property) or name in ("ReduceOp",) or "." in name and name.startswith("ReduceOp"):
-            ok = bool(doc)
-        else:
-            ok = bool(doc) and ("Example" in doc or ">>>" in doc or "``" in doc or "::" in doc)
-        if not ok:
-            missing.append(name)
-    assert not missing, f"public objects without a docstring and example: {missing}"

@@ -71,19 +71,11 @@ def test_import_torch_registers_quietly():
 
 
 @pytest.mark.timeout(10)
-def test_register_is_idempotent_and_documented():
+def test_register_is_idempotent():
     shm_torch.register()
     shm_torch.register()
     assert dist.Backend.backend_list.count("shmcomm") == 1
-    assert shm_torch.__doc__ and "::" in shm_torch.__doc__
-    for name in shm_torch.__all__:
-        obj = getattr(shm_torch, name)
-        if not callable(obj):
-            continue
-        assert obj.__doc__ and "::" in obj.__doc__, f"{name} needs a docstring with an example"
-        for attr, member in vars(obj).items() if isinstance(obj, type) else ():
-            if callable(member) and not attr.startswith("_"):
-                assert member.__doc__ and "::" in member.__doc__, f"{name}.{attr} needs an example"
+
 
 
 # ---- every operation, checked for values ---------------------------------------------------------

@@ -1,0 +1,72 @@
+"""Documentation checks, in one place: every public object (and public method) of shmcomm,
+shmcomm.rpc and shmcomm.torch has a docstring with an example, and every ``>>>`` example in the
+compiled core and the Python modules runs as a doctest."""
+
+from __future__ import annotations
+
+import asyncio
+import doctest
+import importlib
+import inspect
+import threading
+
+import numpy as np
+import pytest
+
+import shmcomm
+from shmcomm import _core
+
+
+def _modules():
+    names = ["shmcomm", "shmcomm.rpc"]
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available():
+            names.append("shmcomm.torch")
+    except ImportError:
+        pass
+    return [importlib.import_module(n) for n in names]
+
+
+def _public(module):
+    for name in module.__all__:
+        obj = getattr(module, name)
+        if isinstance(obj, str) or (inspect.isclass(obj) and issubclass(obj, BaseException)):
+            continue  # constants; error classes are documented in shmcomm.errors as a family
+        yield f"{module.__name__}.{name}", obj
+        if inspect.isclass(obj):
+            for attr, member in vars(obj).items():
+                if attr.startswith("_") or not (callable(member) or isinstance(member, property)):
+                    continue
+                yield f"{module.__name__}.{name}.{attr}", member
+
+
+def _has_example(name: str, obj) -> bool:
+    doc = inspect.getdoc(obj) or ""
+    if isinstance(obj, property) or ".ReduceOp" in name:  # attributes and enum members: a line
+        return bool(doc)
+    return bool(doc) and ("Example" in doc or ">>>" in doc or "::" in doc)
+
+
+@pytest.mark.timeout(60)
+def test_every_public_object_has_a_docstring_with_an_example():
+    missing = [name for module in _modules() for name, obj in _public(module)
+               if not _has_example(name, obj)]
+    assert not missing, f"public objects without a docstring and example: {missing}"
+
+
+@pytest.mark.timeout(60)
+def test_docstring_examples_run():
+    globs = dict(vars(_core), sc=shmcomm, np=np, threading=threading, asyncio=asyncio)
+    finder = doctest.DocTestFinder()
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    found = 0
+    for module in [_core, *_modules()]:
+        for test in finder.find(module, module.__name__, globs=dict(globs)):
+            if test.examples and "__test__" not in test.name:  # Cython's copies of the same text
+                found += 1
+                runner.run(test)
+    result = runner.summarize(verbose=False)
+    assert found >= 10, f"only {found} docstrings with >>> examples found"
+    assert result.failed == 0, f"{result.failed} docstring examples failed (output above)"
