@@ -735,22 +735,27 @@ cdef class Communicator:
             self._progress()
 
     cdef void _progress(self) noexcept nogil:
+        # The thread takes only ops issued before its last rest began: a fresh op belongs to the
+        # thread that issued it, which usually waits for it at once or issues more first. While
+        # callers run every op themselves, the rest doubles (up to doze_max_ns: fewer wake-ups
+        # competing for the cores); the first op nobody waited for sets it back.
         cdef void *head
         cdef uint32_t seen, last_kick = 0
-        cdef uint64_t now, active = capi.shm_now_ns()
+        cdef uint64_t before = 0, doze = self.doze_ns, doze_max = 20 * self.doze_ns
+        cdef uint64_t active = capi.shm_now_ns()
         while not capi.shm_load_acquire(&self.engine.stop):
             seen = capi.shm_load_acquire(&self.engine.kick)
             if seen != last_kick:
                 last_kick, active = seen, capi.shm_now_ns()
-            # A thread waiting for its Work drives the queue itself: leave the cores to it.
             if capi.shm_load_acquire(&self.engine.drivers) == 0:
-                head = capi.shm_engine_claim_queued_before(&self.engine, capi.shm_now_ns() - self.doze_ns)
+                head = capi.shm_engine_claim_ticket_below(&self.engine, before)
                 if head != NULL:
                     self._run_queued(<op_t *>head, True)
-                    active = capi.shm_now_ns()
+                    doze = self.doze_ns
                     continue
-            now = capi.shm_now_ns()
-            capi.shm_engine_rest(&self.engine, seen, now - active > IDLE_NS, self.doze_ns, SLICE_NS)
+            before = capi.shm_engine_issued(&self.engine)
+            capi.shm_engine_rest(&self.engine, seen, capi.shm_now_ns() - active > IDLE_NS, doze, SLICE_NS)
+            doze = min(2 * doze, doze_max)
 
     cdef _stop_thread(self):
         thread = self.thread

@@ -11,9 +11,9 @@
  * before the thread could start anyway. So while the group is active the thread dozes (a futex
  * wait with a short timeout, default 50 us) and submit only bumps a counter; the thread sleeps
  * without a timeout, and submit wakes it, only after a quiet spell (IDLE_NS). And it takes only
- * ops that waited a doze already: a fresh op is the issuing thread's, which waits for it at once
- * or issues more first (on two cores, a background thread competing for the same op measured
- * 3.3x the synchronous time for an 8-byte all_reduce waited at once).
+ * ops issued before its last rest began: a fresh op is the issuing thread's, which waits for it at
+ * once or issues more first (on two cores, a background thread competing for the same op
+ * measured 3.3x the synchronous time for an 8-byte all_reduce waited at once).
  */
 #ifndef SHMCOMM_ENGINE_H
 #define SHMCOMM_ENGINE_H
@@ -32,7 +32,6 @@ enum { SHM_CLAIM_NONE = 0, SHM_CLAIM_OWN = 1, SHM_CLAIM_NESTED = 2 };
 typedef struct {
     pthread_mutex_t mu;
     void **slots;            /* ring of queued ops, indexed by ticket % cap */
-    uint64_t *stamps;        /* when each was queued (shm_now_ns), same indexing */
     uint64_t cap;
     uint64_t issued;         /* tickets handed out (under mu) */
     uint64_t finished;       /* queued ops that ran (under mu) */
@@ -53,13 +52,7 @@ static inline int shm_engine_init(shm_engine_t *e) {
     memset(e, 0, sizeof(*e));
     e->cap = 64;
     e->slots = (void **)calloc(e->cap, sizeof(void *));
-    e->stamps = (uint64_t *)calloc(e->cap, sizeof(uint64_t));
-    if (!e->slots || !e->stamps) {
-        free(e->slots);
-        free(e->stamps);
-        e->slots = NULL;
-        return ENOMEM;
-    }
+    if (!e->slots) return ENOMEM;
     return pthread_mutex_init(&e->mu, NULL);
 }
 
@@ -67,7 +60,6 @@ static inline void shm_engine_free(shm_engine_t *e) {
     if (e->slots) {
         pthread_mutex_destroy(&e->mu);
         free(e->slots);
-        free(e->stamps);
         e->slots = NULL;
     }
 }
@@ -84,38 +76,29 @@ static inline int shm_engine_push(shm_engine_t *e, void *op) {
     if (e->issued - e->finished == e->cap) {
         uint64_t cap = e->cap * 2, t;
         void **grown = (void **)calloc(cap, sizeof(void *));
-        uint64_t *stamps = (uint64_t *)calloc(cap, sizeof(uint64_t));
-        if (!grown || !stamps) {
-            free(grown);
-            free(stamps);
+        if (!grown) {
             pthread_mutex_unlock(&e->mu);
             return ENOMEM;
         }
-        for (t = e->finished; t < e->issued; t++) {
-            grown[t % cap] = e->slots[t % e->cap];
-            stamps[t % cap] = e->stamps[t % e->cap];
-        }
+        for (t = e->finished; t < e->issued; t++) grown[t % cap] = e->slots[t % e->cap];
         free(e->slots);
-        free(e->stamps);
         e->slots = grown;
-        e->stamps = stamps;
         e->cap = cap;
     }
     e->slots[e->issued % e->cap] = op;
-    e->stamps[e->issued % e->cap] = shm_now_ns();
     e->issued++;
     pthread_mutex_unlock(&e->mu);
     shm_engine_kick(e);
     return 0;
 }
 
-/* The op at the head of the queue, now owned by this thread, or NULL (empty, another thread is
- * running one, or the head was queued after `queued_before`: the background thread leaves fresh
- * ops to the thread that issued them, which usually waits for them at once). */
-static inline void *shm_engine_claim_queued_before(shm_engine_t *e, uint64_t queued_before) {
+/* The op at the head of the queue, now owned by this thread, if its ticket is below `tickets`
+ * (it was issued before the caller's snapshot of `issued`); NULL if not, if the queue is empty or
+ * if another thread runs an op. */
+static inline void *shm_engine_claim_ticket_below(shm_engine_t *e, uint64_t tickets) {
     void *op = NULL;
     pthread_mutex_lock(&e->mu);
-    if (!e->busy && e->finished < e->issued && e->stamps[e->finished % e->cap] <= queued_before) {
+    if (!e->busy && e->finished < e->issued && e->finished < tickets) {
         op = e->slots[e->finished % e->cap];
         e->busy = 1;
         e->owner = pthread_self();
@@ -125,7 +108,9 @@ static inline void *shm_engine_claim_queued_before(shm_engine_t *e, uint64_t que
     return op;
 }
 
-static inline void *shm_engine_claim(shm_engine_t *e) { return shm_engine_claim_queued_before(e, UINT64_MAX); }
+static inline void *shm_engine_claim(shm_engine_t *e) { return shm_engine_claim_ticket_below(e, UINT64_MAX); }
+
+static inline uint64_t shm_engine_issued(shm_engine_t *e) { return __atomic_load_n(&e->issued, __ATOMIC_ACQUIRE); }
 
 /* Hold the engine for a synchronous call: SHM_CLAIM_OWN when the queue is empty and nobody runs
  * anything, SHM_CLAIM_NESTED when this thread already holds it (a queued Python op calling a
