@@ -64,6 +64,7 @@ class Communicator:
     stream_bytes: int
     closed: bool
     owner_pid: int
+    fused_calls: int
     def __init__(self, job: str, part: str, rank: int, size: int, timeout: float) -> None: ...
     # Each collective runs inline (returns None) or, with async_op=True, is queued (returns a Work).
     def all_reduce(self, array: Any, op: int = 0, async_op: bool = False) -> Work | None: ...

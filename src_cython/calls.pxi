@@ -74,8 +74,10 @@ ctypedef struct op_t:
     PyObject *call         # the owning _Call (borrowed: the group's in-flight list holds it)
 
 
-# Groups up to this size keep a call's pointer tables inside the _Call (no allocation per call).
-DEF INLINE_RANKS = 8
+cdef enum:
+    INLINE_RANKS = 8     # groups up to this size keep a call's pointer tables inside the _Call
+    MAX_BATCH = 16       # small reductions run together in one step, at most
+    BATCH_HEADER = 64    # a batched call's descriptor in the slot, before its data
 
 
 cdef class _Call:

@@ -84,6 +84,7 @@ cdef extern from "shm_engine.h" nogil:
     void shm_engine_kick(shm_engine_t *e)
     int shm_engine_push(shm_engine_t *e, void *op)
     void *shm_engine_claim(shm_engine_t *e)
+    void *shm_engine_peek(shm_engine_t *e, uint64_t i)
     void *shm_engine_claim_ticket_below(shm_engine_t *e, uint64_t tickets)
     uint64_t shm_engine_issued(shm_engine_t *e)
     int shm_engine_claim_inline(shm_engine_t *e)

@@ -1,7 +1,10 @@
 # all_reduce and reduce (root >= 0): one algorithm with four paths, chosen by size and memory.
 #
-#   small (up to small_bytes): one shot. 1. copy the array into this rank's slot and publish the
-#       descriptor; 2. step; 3. every rank that wants the result reduces all slots in rank order.
+#   small (up to small_bytes): one shot, several calls at once. 1. copy each queued small
+#       reduction (descriptor, then data) into this rank's slot, and publish their count; 2. step;
+#       3. the first m calls, m the smallest count any rank published, are done: every rank that
+#       wants a result reduces the slots in rank order. Calls past m stay queued for the next step.
+#       So ranks that saw different numbers of queued calls still agree, with no extra sync.
 #   pipelined (below the single-copy size): per slot-sized chunk, 1. copy to the slot the parts
 #       peers reduce; 2. step; 3. reduce this rank's slice of the chunk from every slot into the
 #       next slot; 4. step; 5. copy every rank's reduced slice out.
@@ -34,17 +37,10 @@ cdef int _run_reduce(Communicator c, op_t *o) except -1 nogil:
     cdef bint cma, first
     if n == 1:
         return 0
-    c._set_desc(o.kind, dtype, nbytes, <uint64_t>root, op)
     if c._one_shot_size(nbytes):
-        s = c.next_step()
-        memcpy(c.slot(c.rank, s), ptr, nbytes)
-        c._step()
-        c._check_desc()
-        if wants:
-            for q in range(n):
-                c.srcs[q] = c.slot(q, s)
-            shm_reduce(ptr, c.srcs, n, count, dtype, op)
+        _reduce_batch(c, &o, 1)
         return 0
+    c._set_desc(o.kind, dtype, nbytes, <uint64_t>root, op)
     # Below the single-copy size the descriptor rides on the first chunk's step (no zero copy
     # there: one sync fewer matters more at these sizes); above it, a step of its own first.
     # (With single copy off, cma_bytes is 0: large arrays still get that step, for zero copy.)
@@ -88,6 +84,58 @@ cdef int _run_reduce(Communicator c, op_t *o) except -1 nogil:
                        (hi - lo) * itemsize)
         off += ch
     return 0
+
+
+cdef inline size_t _batch_bytes(op_t *o) noexcept nogil:
+    """Slot bytes one call of a batch takes: descriptor, then data rounded to a cache line."""
+    return BATCH_HEADER + _align_up(o.nbytes, 64)
+
+
+cdef inline bint _batchable(Communicator c, op_t *o) noexcept nogil:
+    return (o.kind == K_ALL_REDUCE or o.kind == K_REDUCE) and c.size > 1 and c._one_shot_size(o.nbytes)
+
+
+cdef int _reduce_batch(Communicator c, op_t **ops, int k) except -1 nogil:
+    """The small path for ops[0..k): returns m, how many of them are done (see the top)."""
+    cdef uint32_t s = c.next_step()
+    cdef char *mine = c.slot(c.rank, s)
+    cdef uint64_t *d
+    cdef uint64_t *theirs
+    cdef size_t off = 0
+    cdef int j, q, w, m = k, n = c.size
+    cdef op_t *o
+    for j in range(k):
+        o = ops[j]
+        d = <uint64_t *>(mine + off)
+        d[0] = o.kind; d[1] = o.dtype; d[2] = o.nbytes; d[3] = <uint64_t>o.root; d[4] = o.op
+        memcpy(mine + off + BATCH_HEADER, o.ptr, o.nbytes)
+        off += _batch_bytes(o)
+    o = ops[0]
+    c._set_desc(o.kind, o.dtype, o.nbytes, <uint64_t>o.root, o.op)
+    c.cb(c.rank).desc[s & 1][5] = k
+    c._step()
+    c._check_desc()  # the first call against every rank's (a mismatch raises on every rank)
+    for q in range(n):
+        m = min(m, <int>c.cb(q).desc[s & 1][5])
+    off = 0
+    for j in range(m):  # later calls that disagree: done up to there; the rest runs next step
+        for q in range(n):
+            theirs = <uint64_t *>(c.slot(q, s) + off)
+            for w in range(5):
+                if theirs[w] != (<uint64_t *>(mine + off))[w]:
+                    m = j
+        if m == j:
+            break
+        off += _batch_bytes(ops[j])
+    off = 0
+    for j in range(m):
+        o = ops[j]
+        if o.root < 0 or o.root == c.rank:
+            for q in range(n):
+                c.srcs[q] = c.slot(q, s) + off + BATCH_HEADER
+            shm_reduce(o.ptr, c.srcs, n, o.count, o.dtype, o.op)
+        off += _batch_bytes(o)
+    return m
 
 
 cdef void _set_heap_desc(Communicator c, uint64_t heap, uint64_t heap_off) noexcept nogil:

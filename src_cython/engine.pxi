@@ -35,6 +35,7 @@ cdef uint64_t SPIN_FLOOR_NS = 20 * 1000     # adaptive spinning never goes below
 cdef uint64_t IDLE_NS = 20 * 1000 * 1000    # after this long without ops the progress thread sleeps
 
 ctypedef int (*_exec_unchecked_t)(Communicator, op_t *) noexcept nogil
+ctypedef int (*_exec_batch_unchecked_t)(Communicator, op_t **, int) noexcept nogil
 
 
 cdef void _copy_text(char *dst, str text, size_t cap):
@@ -108,6 +109,7 @@ cdef class Communicator:
     cdef object thread_lock
     cdef readonly int owner_pid   # a forked child must not leave its parent's group
     cdef uint64_t doze_ns
+    cdef readonly unsigned long long fused_calls  # small reductions that ran in a step with others
 
     def __cinit__(self):
         self.pidfds = NULL
@@ -468,7 +470,8 @@ cdef class Communicator:
 
     cdef inline bint _one_shot_size(self, size_t nbytes) noexcept nogil:
         """Reductions this small go through the slots in one step."""
-        return nbytes <= self.small_bytes or nbytes <= <size_t>(64 * self.size)
+        return (nbytes <= self.small_bytes or nbytes <= <size_t>(64 * self.size)) \
+            and nbytes + 64 <= self.slot_bytes
 
     # ---- buffers kept across calls -----------------------------------------------------------
     cdef inline void _out(self, char *dst, const char *src, size_t n, size_t total) noexcept nogil:
@@ -571,23 +574,48 @@ cdef class Communicator:
             raise SystemError(f"unknown operation kind {k}")
 
     cdef void _run_queued(self, op_t *o, bint background) noexcept nogil:
-        """Run the queued op ``o`` (claimed from the engine), complete it and release the engine.
-        Touches Python only for an error or a Future that was handed out."""
-        cdef int rc
-        capi.shm_store_seq_cst(&o.state, SHM_OP_RUNNING)
+        """Run the queued op ``o`` (claimed from the engine) and, when it is a small reduction,
+        the small reductions queued right behind it in the same step; complete what ran and
+        release the engine. Touches Python only for an error or a Future that was handed out."""
+        cdef op_t *batch[MAX_BATCH]
+        cdef op_t *nxt
+        cdef size_t room = self.slot_bytes
+        cdef int j, k = 1, rc
+        batch[0] = o
+        if _batchable(self, o):
+            room -= _batch_bytes(o)
+            while k < MAX_BATCH:
+                nxt = <op_t *>capi.shm_engine_peek(&self.engine, k)
+                if nxt == NULL or not _batchable(self, nxt) or _batch_bytes(nxt) > room:
+                    break
+                room -= _batch_bytes(nxt)
+                batch[k] = nxt
+                k += 1
+        for j in range(k):
+            capi.shm_store_seq_cst(&batch[j].state, SHM_OP_RUNNING)
         self.background = background
-        rc = (<_exec_unchecked_t>_exec_entry)(self, o)
+        if k == 1:
+            rc = (<_exec_unchecked_t>_exec_entry)(self, o)
+        else:
+            rc = (<_exec_batch_unchecked_t>_exec_batch_entry)(self, batch, k)
         self.background = False
         if rc < 0:
             with gil:
                 (<_Call>o.call).error = _fetch_exception()
             if self.published:
                 self._withdraw()
+            rc = 1  # the head failed; what it failed with decides the rest
+        elif k == 1:
+            rc = 1
+        elif rc > 1:
+            self.fused_calls += rc
         self.published = False
-        capi.shm_store_seq_cst(&o.state, SHM_OP_DONE)
-        capi.shm_engine_release(&self.engine, SHM_CLAIM_OWN, 1)
-        if capi.shm_load_acquire(&o.has_future):
-            _settle_future(o)
+        for j in range(k):
+            capi.shm_store_seq_cst(&batch[j].state, SHM_OP_DONE if j < rc else SHM_OP_QUEUED)
+        capi.shm_engine_release(&self.engine, SHM_CLAIM_OWN, rc)
+        for j in range(rc):
+            if capi.shm_load_acquire(&batch[j].has_future):
+                _settle_future(batch[j])
 
     # ---- the engine ---------------------------------------------------------------------------
     cdef int _drive(self, op_t *target, double timeout) except -1 nogil:
@@ -1026,6 +1054,12 @@ cdef class Communicator:
 
 cdef int _exec_entry(Communicator c, op_t *o) except -1 nogil:
     return c._exec(o)
+
+
+cdef int _exec_batch_entry(Communicator c, op_t **ops, int k) except -1 nogil:
+    """Run k small reductions in one step; returns how many are done."""
+    c._begin(_kind_cname(ops[0].kind))
+    return _reduce_batch(c, ops, k)
 
 
 cdef const char *_kind_cname(int kind) noexcept nogil:

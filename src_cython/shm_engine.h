@@ -133,7 +133,17 @@ static inline int shm_engine_claim_inline(shm_engine_t *e) {
     return got;
 }
 
-/* End a claim: `queued` when it was the queue's head op (it leaves the queue). */
+/* The op `i` places behind the head, or NULL. Only for the thread holding the engine (nobody
+ * else moves the head; submit only appends). */
+static inline void *shm_engine_peek(shm_engine_t *e, uint64_t i) {
+    void *op = NULL;
+    pthread_mutex_lock(&e->mu);
+    if (e->finished + i < e->issued) op = e->slots[(e->finished + i) % e->cap];
+    pthread_mutex_unlock(&e->mu);
+    return op;
+}
+
+/* End a claim: `queued` ops at the head of the queue ran (they leave it; 0 for inline claims). */
 static inline void shm_engine_release(shm_engine_t *e, int claim, int queued) {
     int more;
     pthread_mutex_lock(&e->mu);
@@ -142,7 +152,7 @@ static inline void shm_engine_release(shm_engine_t *e, int claim, int queued) {
         pthread_mutex_unlock(&e->mu);
         return;
     }
-    if (queued) e->finished++;
+    e->finished += (uint64_t)queued;
     e->busy = 0;
     more = e->finished < e->issued;
     pthread_mutex_unlock(&e->mu);

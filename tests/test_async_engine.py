@@ -446,3 +446,51 @@ def test_rank0_killed_during_start_up_leaves_no_segment():
                            text=True, timeout=30)
     assert rank1.returncode != 0 and "CommTimeoutError" in rank1.stderr, rank1.stderr
     assert not segments.list_segments(job=job)
+
+
+# ---- small reductions run together in one step ----------------------------------------------------
+def _batched_small_reductions(rank, size, mismatch_at):
+    """Many small all_reduce/reduce calls of mixed dtypes, ops and roots in flight. Ranks pause at
+    different points, so each sees a different number of them queued when it runs a step: every
+    rank must still complete the same calls with numpy's values. With ``mismatch_at``, that call
+    has another size on rank 1: it (only) fails with CollectiveMismatchError on every rank."""
+    dtypes = (np.float32, np.int64, np.float64, np.int16)
+    works, checks = [], []
+    for i in range(48):
+        if i % (5 + rank) == 0:
+            time.sleep(0.003)  # batch boundaries differ between ranks
+        dtype = dtypes[i % len(dtypes)]
+        n = 1 + i % 7 + (1 if i == mismatch_at and rank == 1 else 0)
+        x = np.full(n, rank + i, dtype)
+        kind = i % 3
+        if kind == 0:
+            works.append(sc.all_reduce(x, async_op=True))
+            checks.append((i, x, np.full(n, sum(r + i for r in range(size)), dtype)))
+        elif kind == 1:
+            root = i % size
+            works.append(sc.reduce(x, dst=root, op=sc.ReduceOp.MAX, async_op=True))
+            checks.append((i, x, np.full(n, (size - 1 if rank == root else rank) + i, dtype)))
+        else:
+            works.append(sc.all_reduce(x, op=sc.ReduceOp.MIN, async_op=True))
+            checks.append((i, x, np.full(n, i, dtype)))
+    for (i, got, want), w in zip(checks, works):
+        if i == mismatch_at:
+            with pytest.raises(sc.CollectiveMismatchError):
+                w.wait()
+            continue
+        assert w.wait() is True
+        np.testing.assert_array_equal(got, want, err_msg=f"call {i}")
+    y = np.ones(3)
+    sc.all_reduce(y)  # the group is still in step
+    assert (y == size).all()
+    from shmcomm.group import default_group
+
+    return default_group()._comm.fused_calls
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("mismatch_at", [None, 9])
+def test_small_reductions_in_flight_run_together_and_stay_in_step(world, mismatch_at):
+    fused = run_ranks(_batched_small_reductions, world, mismatch_at)
+    assert sum(fused) > 0, "no call ran together with another: the test did not exercise batching"
