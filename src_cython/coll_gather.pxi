@@ -8,8 +8,8 @@
 #       piece into the root's output while the root copies its own; 3. step.
 
 
-cdef object _fill_pieces(Communicator c, list arrays, buf_t *like, str argname, bint writable,
-                         char **table):
+cdef list _fill_pieces(Communicator c, list arrays, buf_t *like, str argname, bint writable,
+                       char **table):
     """Point table[q] at arrays[q], each shaped like `like`; returns their owners."""
     cdef buf_t b
     cdef int q
@@ -45,7 +45,10 @@ cdef object _prep_gather(Communicator c, op_t *o, object output_list, object arr
     o.ptr, o.nbytes, o.dtype, o.root = b.ptr, b.nbytes, b.dtype, root
     if root >= 0 and c.rank != root:
         return owner
-    return (owner, _fill_pieces(c, list(output_list), &b, argname, True, o.outs))
+    owners = _fill_pieces(c, output_list if type(output_list) is list else list(output_list), &b,
+                          argname, True, o.outs)
+    owners.append(owner)
+    return owners
 
 
 cdef object _prep_gather_into(Communicator c, op_t *o, object output, object array):

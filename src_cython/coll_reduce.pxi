@@ -86,9 +86,11 @@ cdef int _run_reduce(Communicator c, op_t *o) except -1 nogil:
     return 0
 
 
-cdef inline size_t _batch_bytes(op_t *o) noexcept nogil:
-    """Slot bytes one call of a batch takes: descriptor, then data rounded to a cache line."""
-    return BATCH_HEADER + _align_up(o.nbytes, 64)
+cdef inline size_t _batch_bytes(op_t *o, int j) noexcept nogil:
+    """Slot bytes call j of a batch takes: its data rounded to a cache line, after a descriptor
+    for j > 0 (the first call's descriptor is the control block's, and its data starts the slot,
+    so a batch of one touches the same lines as a plain one-shot)."""
+    return (BATCH_HEADER if j else 0) + _align_up(o.nbytes, 64)
 
 
 cdef inline bint _batchable(Communicator c, op_t *o) noexcept nogil:
@@ -106,10 +108,12 @@ cdef int _reduce_batch(Communicator c, op_t **ops, int k) except -1 nogil:
     cdef op_t *o
     for j in range(k):
         o = ops[j]
-        d = <uint64_t *>(mine + off)
-        d[0] = o.kind; d[1] = o.dtype; d[2] = o.nbytes; d[3] = <uint64_t>o.root; d[4] = o.op
-        memcpy(mine + off + BATCH_HEADER, o.ptr, o.nbytes)
-        off += _batch_bytes(o)
+        if j:
+            d = <uint64_t *>(mine + off)
+            d[0] = o.kind; d[1] = o.dtype; d[2] = o.nbytes; d[3] = <uint64_t>o.root; d[4] = o.op
+            off += BATCH_HEADER
+        memcpy(mine + off, o.ptr, o.nbytes)
+        off += _align_up(o.nbytes, 64)
     o = ops[0]
     c._set_desc(o.kind, o.dtype, o.nbytes, <uint64_t>o.root, o.op)
     c.cb(c.rank).desc[s & 1][5] = k
@@ -117,8 +121,8 @@ cdef int _reduce_batch(Communicator c, op_t **ops, int k) except -1 nogil:
     c._check_desc()  # the first call against every rank's (a mismatch raises on every rank)
     for q in range(n):
         m = min(m, <int>c.cb(q).desc[s & 1][5])
-    off = 0
-    for j in range(m):  # later calls that disagree: done up to there; the rest runs next step
+    off = _batch_bytes(ops[0], 0)
+    for j in range(1, m):  # later calls that disagree: done up to there; the rest runs next step
         for q in range(n):
             theirs = <uint64_t *>(c.slot(q, s) + off)
             for w in range(5):
@@ -126,15 +130,17 @@ cdef int _reduce_batch(Communicator c, op_t **ops, int k) except -1 nogil:
                     m = j
         if m == j:
             break
-        off += _batch_bytes(ops[j])
+        off += _batch_bytes(ops[j], j)
     off = 0
     for j in range(m):
         o = ops[j]
+        if j:
+            off += BATCH_HEADER
         if o.root < 0 or o.root == c.rank:
             for q in range(n):
-                c.srcs[q] = c.slot(q, s) + off + BATCH_HEADER
+                c.srcs[q] = c.slot(q, s) + off
             shm_reduce(o.ptr, c.srcs, n, o.count, o.dtype, o.op)
-        off += _batch_bytes(o)
+        off += _align_up(o.nbytes, 64)
     return m
 
 

@@ -583,12 +583,12 @@ cdef class Communicator:
         cdef int j, k = 1, rc
         batch[0] = o
         if _batchable(self, o):
-            room -= _batch_bytes(o)
+            room -= _batch_bytes(o, 0)
             while k < MAX_BATCH:
                 nxt = <op_t *>capi.shm_engine_peek(&self.engine, k)
-                if nxt == NULL or not _batchable(self, nxt) or _batch_bytes(nxt) > room:
+                if nxt == NULL or not _batchable(self, nxt) or _batch_bytes(nxt, k) > room:
                     break
-                room -= _batch_bytes(nxt)
+                room -= _batch_bytes(nxt, k)
                 batch[k] = nxt
                 k += 1
         for j in range(k):
@@ -688,8 +688,7 @@ cdef class Communicator:
             call = _Call.__new__(_Call)
             call._tables(self.size)
             call.inline = True
-        call.claim = claim
-        call.reset()
+        call.claim = claim  # (the collective's _prep sets every field its runner reads)
         return call
 
     cdef _abandon(self, _Call call):
@@ -946,7 +945,7 @@ cdef class Communicator:
         except BaseException:
             self._abandon(call)
             raise
-        return self._go(call, owners, [array])
+        return self._go(call, owners, None if call.inline else [array])
 
     cpdef reduce(self, array, int dst, int op=SHM_SUM, bint async_op=False):
         cdef _Call call = self._open(async_op)
@@ -956,7 +955,7 @@ cdef class Communicator:
         except BaseException:
             self._abandon(call)
             raise
-        return self._go(call, owners, [array])
+        return self._go(call, owners, None if call.inline else [array])
 
     cpdef broadcast(self, array, int src, bint async_op=False):
         cdef _Call call = self._open(async_op)
@@ -965,7 +964,7 @@ cdef class Communicator:
         except BaseException:
             self._abandon(call)
             raise
-        return self._go(call, owners, [array])
+        return self._go(call, owners, None if call.inline else [array])
 
     cpdef all_gather(self, list output_list, array, bint async_op=False):
         cdef _Call call = self._open(async_op)
@@ -983,7 +982,7 @@ cdef class Communicator:
         except BaseException:
             self._abandon(call)
             raise
-        return self._go(call, owners, [output])
+        return self._go(call, owners, None if call.inline else [output])
 
     cpdef gather(self, array, gather_list, int dst, bint async_op=False):
         cdef _Call call = self._open(async_op)
@@ -997,7 +996,7 @@ cdef class Communicator:
         except BaseException:
             self._abandon(call)
             raise
-        return self._go(call, owners, gather_list or [])
+        return self._go(call, owners, None if call.inline else gather_list or [])
 
     cpdef scatter(self, array, scatter_list, int src, bint async_op=False):
         cdef _Call call = self._open(async_op)
@@ -1006,7 +1005,7 @@ cdef class Communicator:
         except BaseException:
             self._abandon(call)
             raise
-        return self._go(call, owners, [array])
+        return self._go(call, owners, None if call.inline else [array])
 
     cpdef reduce_scatter(self, output, list input_list, int op=SHM_SUM, bint async_op=False):
         cdef _Call call = self._open(async_op)
@@ -1015,7 +1014,7 @@ cdef class Communicator:
         except BaseException:
             self._abandon(call)
             raise
-        return self._go(call, owners, [output])
+        return self._go(call, owners, None if call.inline else [output])
 
     cpdef reduce_scatter_into(self, output, input, int op=SHM_SUM, bint async_op=False):
         cdef _Call call = self._open(async_op)
@@ -1024,7 +1023,7 @@ cdef class Communicator:
         except BaseException:
             self._abandon(call)
             raise
-        return self._go(call, owners, [output])
+        return self._go(call, owners, None if call.inline else [output])
 
     cpdef all_to_all(self, list output_list, list input_list, bint async_op=False):
         cdef _Call call = self._open(async_op)
@@ -1044,7 +1043,7 @@ cdef class Communicator:
         except BaseException:
             self._abandon(call)
             raise
-        return self._go(call, owners, [output])
+        return self._go(call, owners, None if call.inline else [output])
 
     cpdef barrier(self, bint async_op=False):
         cdef _Call call = self._open(async_op)

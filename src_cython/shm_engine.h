@@ -30,15 +30,16 @@ enum { SHM_OP_QUEUED = 0, SHM_OP_RUNNING = 1, SHM_OP_DONE = 2 };
 enum { SHM_CLAIM_NONE = 0, SHM_CLAIM_OWN = 1, SHM_CLAIM_NESTED = 2 };
 
 typedef struct {
-    pthread_mutex_t mu;
+    pthread_mutex_t mu;      /* guards the ring (slots, cap) and `issued` */
     void **slots;            /* ring of queued ops, indexed by ticket % cap */
     uint64_t cap;
-    uint64_t issued;         /* tickets handed out (under mu) */
-    uint64_t finished;       /* queued ops that ran (under mu) */
-    int busy;                /* a thread runs an op or holds the engine inline (under mu) */
-    pthread_t owner;         /* that thread */
+    uint64_t issued;         /* tickets handed out (written under mu, read atomically) */
+    uint64_t finished;       /* queued ops that ran (written by the engine's holder only) */
+    uint32_t busy;           /* 1 while a thread runs an op or holds the engine inline (CAS) */
+    pthread_t owner;         /* that thread (valid while busy and owned) */
+    uint32_t owned;
     int depth;               /* nested inline claims of the owner (Python ops calling collectives) */
-    uint32_t done;           /* bumped after every op: what waiters sleep on (futex word) */
+    uint32_t done;           /* bumped after every release: what waiters sleep on (futex word) */
     uint32_t done_waiters;
     uint32_t kick;           /* bumped on submit: what the background thread sleeps on */
     uint32_t kick_waiters;
@@ -70,67 +71,90 @@ static inline void shm_engine_kick(shm_engine_t *e) {
         shm_futex_wake_all(&e->kick);
 }
 
+static inline uint64_t shm_engine_issued(shm_engine_t *e) { return __atomic_load_n(&e->issued, __ATOMIC_ACQUIRE); }
+static inline uint64_t shm_engine_finished(shm_engine_t *e) { return __atomic_load_n(&e->finished, __ATOMIC_ACQUIRE); }
+
+/* Queued ops not yet run to their end (a snapshot). */
+static inline uint64_t shm_engine_pending(shm_engine_t *e) {
+    uint64_t finished = shm_engine_finished(e);
+    return shm_engine_issued(e) - finished;
+}
+
 /* Queue `op` behind everything issued; 0, or ENOMEM. */
 static inline int shm_engine_push(shm_engine_t *e, void *op) {
     pthread_mutex_lock(&e->mu);
-    if (e->issued - e->finished == e->cap) {
+    /* `finished` only grows (by the engine's holder), so a stale value only overestimates fill. */
+    uint64_t finished = shm_engine_finished(e);
+    if (e->issued - finished >= e->cap) {
         uint64_t cap = e->cap * 2, t;
         void **grown = (void **)calloc(cap, sizeof(void *));
         if (!grown) {
             pthread_mutex_unlock(&e->mu);
             return ENOMEM;
         }
-        for (t = e->finished; t < e->issued; t++) grown[t % cap] = e->slots[t % e->cap];
+        for (t = finished; t < e->issued; t++) grown[t % cap] = e->slots[t % e->cap];
         free(e->slots);
         e->slots = grown;
         e->cap = cap;
     }
     e->slots[e->issued % e->cap] = op;
-    e->issued++;
+    __atomic_store_n(&e->issued, e->issued + 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&e->mu);
     shm_engine_kick(e);
     return 0;
 }
 
+/* Wake threads waiting for the engine to change hands. */
+static inline void shm_engine_signal(shm_engine_t *e) {
+    __atomic_fetch_add(&e->done, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&e->done_waiters, __ATOMIC_SEQ_CST)) shm_futex_wake_all(&e->done);
+}
+
+static inline int shm_engine_try_hold(shm_engine_t *e) {
+    uint32_t idle = 0;
+    if (!__atomic_compare_exchange_n(&e->busy, &idle, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) return 0;
+    e->owner = pthread_self();
+    e->depth = 0;
+    __atomic_store_n(&e->owned, 1, __ATOMIC_RELEASE);
+    return 1;
+}
+
+static inline void shm_engine_let_go(shm_engine_t *e) {
+    __atomic_store_n(&e->owned, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->busy, 0, __ATOMIC_RELEASE);
+    shm_engine_signal(e);
+}
+
 /* The op at the head of the queue, now owned by this thread, if its ticket is below `tickets`
  * (it was issued before the caller's snapshot of `issued`); NULL if not, if the queue is empty or
- * if another thread runs an op. */
+ * if another thread holds the engine. */
 static inline void *shm_engine_claim_ticket_below(shm_engine_t *e, uint64_t tickets) {
     void *op = NULL;
+    uint64_t finished = shm_engine_finished(e);
+    if (finished >= shm_engine_issued(e) || finished >= tickets || !shm_engine_try_hold(e)) return NULL;
+    finished = e->finished;  /* now ours: stable */
     pthread_mutex_lock(&e->mu);
-    if (!e->busy && e->finished < e->issued && e->finished < tickets) {
-        op = e->slots[e->finished % e->cap];
-        e->busy = 1;
-        e->owner = pthread_self();
-        e->depth = 0;
-    }
+    if (finished < e->issued && finished < tickets) op = e->slots[finished % e->cap];
     pthread_mutex_unlock(&e->mu);
+    if (!op) shm_engine_let_go(e);
     return op;
 }
 
 static inline void *shm_engine_claim(shm_engine_t *e) { return shm_engine_claim_ticket_below(e, UINT64_MAX); }
 
-static inline uint64_t shm_engine_issued(shm_engine_t *e) { return __atomic_load_n(&e->issued, __ATOMIC_ACQUIRE); }
-
 /* Hold the engine for a synchronous call: SHM_CLAIM_OWN when the queue is empty and nobody runs
  * anything, SHM_CLAIM_NESTED when this thread already holds it (a queued Python op calling a
- * collective), SHM_CLAIM_NONE otherwise. */
+ * collective), SHM_CLAIM_NONE otherwise. No lock: two atomic loads and a CAS. */
 static inline int shm_engine_claim_inline(shm_engine_t *e) {
-    int got = SHM_CLAIM_NONE;
-    pthread_mutex_lock(&e->mu);
-    if (e->busy) {
-        if (pthread_equal(e->owner, pthread_self())) {
+    if (__atomic_load_n(&e->busy, __ATOMIC_ACQUIRE)) {
+        if (__atomic_load_n(&e->owned, __ATOMIC_ACQUIRE) && pthread_equal(e->owner, pthread_self())) {
             e->depth++;
-            got = SHM_CLAIM_NESTED;
+            return SHM_CLAIM_NESTED;
         }
-    } else if (e->finished == e->issued) {
-        e->busy = 1;
-        e->owner = pthread_self();
-        e->depth = 0;
-        got = SHM_CLAIM_OWN;
+        return SHM_CLAIM_NONE;
     }
-    pthread_mutex_unlock(&e->mu);
-    return got;
+    if (shm_engine_pending(e) || !shm_engine_try_hold(e)) return SHM_CLAIM_NONE;
+    return SHM_CLAIM_OWN;
 }
 
 /* The op `i` places behind the head, or NULL. Only for the thread holding the engine (nobody
@@ -145,34 +169,18 @@ static inline void *shm_engine_peek(shm_engine_t *e, uint64_t i) {
 
 /* End a claim: `queued` ops at the head of the queue ran (they leave it; 0 for inline claims). */
 static inline void shm_engine_release(shm_engine_t *e, int claim, int queued) {
-    int more;
-    pthread_mutex_lock(&e->mu);
     if (claim == SHM_CLAIM_NESTED) {
         e->depth--;
-        pthread_mutex_unlock(&e->mu);
         return;
     }
-    e->finished += (uint64_t)queued;
-    e->busy = 0;
-    more = e->finished < e->issued;
-    pthread_mutex_unlock(&e->mu);
-    __atomic_fetch_add(&e->done, 1, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&e->done_waiters, __ATOMIC_SEQ_CST)) shm_futex_wake_all(&e->done);
+    if (queued) __atomic_store_n(&e->finished, e->finished + (uint64_t)queued, __ATOMIC_RELEASE);
+    shm_engine_let_go(e);
     /* Ops queued behind: the background thread takes them (a dozing one finds them itself). */
-    if (more && __atomic_load_n(&e->deep, __ATOMIC_SEQ_CST)) shm_engine_kick(e);
+    if (__atomic_load_n(&e->deep, __ATOMIC_SEQ_CST) && shm_engine_pending(e)) shm_engine_kick(e);
 }
 
 static inline int shm_engine_idle(shm_engine_t *e) {
-    int idle;
-    pthread_mutex_lock(&e->mu);
-    idle = !e->busy && e->finished == e->issued;
-    pthread_mutex_unlock(&e->mu);
-    return idle;
-}
-
-/* Queued ops not yet run to their end (a racy snapshot: no lock). */
-static inline uint64_t shm_engine_pending(shm_engine_t *e) {
-    return __atomic_load_n(&e->issued, __ATOMIC_ACQUIRE) - __atomic_load_n(&e->finished, __ATOMIC_ACQUIRE);
+    return !__atomic_load_n(&e->busy, __ATOMIC_ACQUIRE) && !shm_engine_pending(e);
 }
 
 /* The background thread's rest between ops: doze for `doze_ns` while the group was active
