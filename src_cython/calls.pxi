@@ -86,13 +86,15 @@ cdef class _Call:
     cdef char *table_inline[2 * INLINE_RANKS]
     cdef size_t bytes_inline[2 * INLINE_RANKS]
     cdef object owners     # the arrays behind the pointers: alive until the op completes
-    cdef object outputs    # what Work.result() returns
+    cdef object outputs    # what Work.result() returns: a list, or its one element (one_output)
+    cdef bint one_output
     cdef object error      # the exception that failed the op
     cdef object fn         # K_PYTHON: fn(*args) runs in issue order
     cdef object args
     cdef object future     # shmcomm.Future handed out by Work.get_future()
     cdef int claim         # inline calls: how the engine is held (SHM_CLAIM_OWN / NESTED)
     cdef bint inline
+    cdef object __weakref__
 
     def __cinit__(self):
         self.o.outs = NULL
@@ -127,6 +129,9 @@ cdef class _Call:
         self.o.uniform = self.o.overlap = False
         self.o.state = SHM_OP_QUEUED
         self.o.has_future = self.o.future_taken = 0
+
+    cdef list results(self):
+        return [self.outputs] if self.one_output else self.outputs
 
     cdef inline bint done(self) noexcept nogil:
         return capi.shm_load_acquire(&self.o.state) == SHM_OP_DONE

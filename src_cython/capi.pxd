@@ -10,6 +10,7 @@ cdef extern from "shm_sync.h" nogil:
     uint32_t shm_fetch_sub(uint32_t *p, uint32_t v)
     void shm_store_seq_cst(uint32_t *p, uint32_t v)
     void shm_store_relaxed(uint32_t *p, uint32_t v)
+    void shm_store_release(uint32_t *p, uint32_t v)
     int shm_seq_geq(uint32_t a, uint32_t b)
     uint64_t shm_now_ns()
     void shm_futex_wake_all(uint32_t *addr)

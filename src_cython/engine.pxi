@@ -592,7 +592,7 @@ cdef class Communicator:
                 batch[k] = nxt
                 k += 1
         for j in range(k):
-            capi.shm_store_seq_cst(&batch[j].state, SHM_OP_RUNNING)
+            batch[j].state = SHM_OP_RUNNING  # informational: only DONE is waited for
         self.background = background
         if k == 1:
             rc = (<_exec_unchecked_t>_exec_entry)(self, o)
@@ -610,8 +610,8 @@ cdef class Communicator:
         elif rc > 1:
             self.fused_calls += rc
         self.published = False
-        for j in range(k):
-            capi.shm_store_seq_cst(&batch[j].state, SHM_OP_DONE if j < rc else SHM_OP_QUEUED)
+        for j in range(k):  # (release: results and the error are visible to whoever sees DONE)
+            capi.shm_store_release(&batch[j].state, SHM_OP_DONE if j < rc else SHM_OP_QUEUED)
         capi.shm_engine_release(&self.engine, SHM_CLAIM_OWN, rc)
         for j in range(rc):
             if capi.shm_load_acquire(&batch[j].has_future):
@@ -633,6 +633,12 @@ cdef class Communicator:
             deadline = capi.shm_now_ns() + <uint64_t>(timeout * 1e9)
             capi.shm_engine_kick(&self.engine)
         else:
+            if target != NULL:  # the common case: the op is next in line; run it at once
+                head = capi.shm_engine_claim(&self.engine)
+                if head != NULL:
+                    self._run_queued(<op_t *>head, False)
+                if capi.shm_load_acquire(&target.state) == SHM_OP_DONE:
+                    return 0
             capi.shm_fetch_add(&self.engine.drivers, 1)
         try:
             while True:
@@ -674,9 +680,7 @@ cdef class Communicator:
         if self.closed:
             raise ValueError(f"process group {self.job}.{self.part} was destroyed")
         if async_op:
-            call = _Call.__new__(_Call)
-            call._tables(self.size)
-            return call
+            return Work._new(self)  # the Work is the call's own argument object
         claim = capi.shm_engine_claim_inline(&self.engine)
         if claim == SHM_CLAIM_NONE:
             with nogil:
@@ -697,8 +701,9 @@ cdef class Communicator:
             capi.shm_engine_release(&self.engine, call.claim, 0)
             call.owners = None
 
-    cdef object _go(self, _Call call, object owners, object outputs):
-        """Run a filled call: inline now (returns None), or queued (returns its Work)."""
+    cdef object _go(self, _Call call, object owners, object outputs, bint one_output=False):
+        """Run a filled call: inline now (returns None), or queued (returns its Work). The Work's
+        results are ``outputs``, a list, or ``[outputs]`` with ``one_output`` (made only if asked)."""
         cdef int rc
         cdef op_t *o = &call.o
         if call.inline:
@@ -713,14 +718,18 @@ cdef class Communicator:
             return None
         call.owners = owners
         call.outputs = outputs
+        call.one_output = one_output
+        if len(self.inflight) > 8:  # (Work.wait prunes too)
+            self._prune()
+        while capi.shm_engine_push(&self.engine, o) != 0:  # the queue is full: make room
+            oldest = <_Call>self.inflight[0]
+            with nogil:
+                self._drive(&oldest.o, -1.0)
+            self._prune()
         self.inflight.append(call)
-        self._prune()
-        if capi.shm_engine_push(&self.engine, o) != 0:
-            self.inflight.pop()
-            raise MemoryError("cannot queue the operation")
         if self.thread is None:
             self._start_thread()
-        return Work._of(call, self)
+        return call
 
     cdef _prune(self):
         """Forget queued calls that completed (their arrays may go)."""
@@ -945,7 +954,7 @@ cdef class Communicator:
         except BaseException:
             self._abandon(call)
             raise
-        return self._go(call, owners, None if call.inline else [array])
+        return self._go(call, owners, array, True)
 
     cpdef reduce(self, array, int dst, int op=SHM_SUM, bint async_op=False):
         cdef _Call call = self._open(async_op)
@@ -955,7 +964,7 @@ cdef class Communicator:
         except BaseException:
             self._abandon(call)
             raise
-        return self._go(call, owners, None if call.inline else [array])
+        return self._go(call, owners, array, True)
 
     cpdef broadcast(self, array, int src, bint async_op=False):
         cdef _Call call = self._open(async_op)
@@ -964,7 +973,7 @@ cdef class Communicator:
         except BaseException:
             self._abandon(call)
             raise
-        return self._go(call, owners, None if call.inline else [array])
+        return self._go(call, owners, array, True)
 
     cpdef all_gather(self, list output_list, array, bint async_op=False):
         cdef _Call call = self._open(async_op)
@@ -982,7 +991,7 @@ cdef class Communicator:
         except BaseException:
             self._abandon(call)
             raise
-        return self._go(call, owners, None if call.inline else [output])
+        return self._go(call, owners, output, True)
 
     cpdef gather(self, array, gather_list, int dst, bint async_op=False):
         cdef _Call call = self._open(async_op)
@@ -1005,7 +1014,7 @@ cdef class Communicator:
         except BaseException:
             self._abandon(call)
             raise
-        return self._go(call, owners, None if call.inline else [array])
+        return self._go(call, owners, array, True)
 
     cpdef reduce_scatter(self, output, list input_list, int op=SHM_SUM, bint async_op=False):
         cdef _Call call = self._open(async_op)
@@ -1014,7 +1023,7 @@ cdef class Communicator:
         except BaseException:
             self._abandon(call)
             raise
-        return self._go(call, owners, None if call.inline else [output])
+        return self._go(call, owners, output, True)
 
     cpdef reduce_scatter_into(self, output, input, int op=SHM_SUM, bint async_op=False):
         cdef _Call call = self._open(async_op)
@@ -1023,7 +1032,7 @@ cdef class Communicator:
         except BaseException:
             self._abandon(call)
             raise
-        return self._go(call, owners, None if call.inline else [output])
+        return self._go(call, owners, output, True)
 
     cpdef all_to_all(self, list output_list, list input_list, bint async_op=False):
         cdef _Call call = self._open(async_op)
@@ -1043,7 +1052,7 @@ cdef class Communicator:
         except BaseException:
             self._abandon(call)
             raise
-        return self._go(call, owners, None if call.inline else [output])
+        return self._go(call, owners, output, True)
 
     cpdef barrier(self, bint async_op=False):
         cdef _Call call = self._open(async_op)
@@ -1089,6 +1098,6 @@ cdef void _settle_future(op_t *o) noexcept nogil:
             if call.error is not None:
                 call.future.set_exception(call.error)
             else:
-                call.future.set_result(call.outputs)
+                call.future.set_result(call.results())
         except BaseException as exc:  # noqa: BLE001 - see the docstring
             _fut_log_callback_error(call.future, exc)

@@ -29,11 +29,15 @@
 enum { SHM_OP_QUEUED = 0, SHM_OP_RUNNING = 1, SHM_OP_DONE = 2 };
 enum { SHM_CLAIM_NONE = 0, SHM_CLAIM_OWN = 1, SHM_CLAIM_NESTED = 2 };
 
+/* Queued ops per group at most: a fixed ring, so the thread holding the engine reads it without a
+ * lock (a slot is written before `issued` is published with release). A caller that finds it full
+ * runs queued ops until there is room (shm_engine_push says EAGAIN). */
+#define SHM_ENGINE_CAP 4096u
+
 typedef struct {
-    pthread_mutex_t mu;      /* guards the ring (slots, cap) and `issued` */
-    void **slots;            /* ring of queued ops, indexed by ticket % cap */
-    uint64_t cap;
-    uint64_t issued;         /* tickets handed out (written under mu, read atomically) */
+    uint64_t reserved;       /* tickets taken by submitting threads (published in order as `issued`) */
+    void **slots;            /* ring of queued ops, indexed by ticket % SHM_ENGINE_CAP */
+    uint64_t issued;         /* tickets published: slots below it are filled (release/acquire) */
     uint64_t finished;       /* queued ops that ran (written by the engine's holder only) */
     uint32_t busy;           /* 1 while a thread runs an op or holds the engine inline (CAS) */
     pthread_t owner;         /* that thread (valid while busy and owned) */
@@ -51,18 +55,13 @@ typedef struct {
 
 static inline int shm_engine_init(shm_engine_t *e) {
     memset(e, 0, sizeof(*e));
-    e->cap = 64;
-    e->slots = (void **)calloc(e->cap, sizeof(void *));
-    if (!e->slots) return ENOMEM;
-    return pthread_mutex_init(&e->mu, NULL);
+    e->slots = (void **)calloc(SHM_ENGINE_CAP, sizeof(void *));
+    return e->slots ? 0 : ENOMEM;
 }
 
 static inline void shm_engine_free(shm_engine_t *e) {
-    if (e->slots) {
-        pthread_mutex_destroy(&e->mu);
-        free(e->slots);
-        e->slots = NULL;
-    }
+    free(e->slots);
+    e->slots = NULL;
 }
 
 static inline void shm_engine_kick(shm_engine_t *e) {
@@ -80,26 +79,18 @@ static inline uint64_t shm_engine_pending(shm_engine_t *e) {
     return shm_engine_issued(e) - finished;
 }
 
-/* Queue `op` behind everything issued; 0, or ENOMEM. */
+/* Queue `op` behind everything issued: 0, or EAGAIN when the ring is half full (the other half is
+ * headroom for threads submitting at the same moment). Lock-free: take a ticket, fill its slot,
+ * then publish it once every earlier ticket is published (submitters on other threads are at
+ * most a few instructions apart there). */
 static inline int shm_engine_push(shm_engine_t *e, void *op) {
-    pthread_mutex_lock(&e->mu);
-    /* `finished` only grows (by the engine's holder), so a stale value only overestimates fill. */
-    uint64_t finished = shm_engine_finished(e);
-    if (e->issued - finished >= e->cap) {
-        uint64_t cap = e->cap * 2, t;
-        void **grown = (void **)calloc(cap, sizeof(void *));
-        if (!grown) {
-            pthread_mutex_unlock(&e->mu);
-            return ENOMEM;
-        }
-        for (t = finished; t < e->issued; t++) grown[t % cap] = e->slots[t % e->cap];
-        free(e->slots);
-        e->slots = grown;
-        e->cap = cap;
-    }
-    e->slots[e->issued % e->cap] = op;
-    __atomic_store_n(&e->issued, e->issued + 1, __ATOMIC_RELEASE);
-    pthread_mutex_unlock(&e->mu);
+    uint64_t t;
+    if (__atomic_load_n(&e->reserved, __ATOMIC_RELAXED) - shm_engine_finished(e) >= SHM_ENGINE_CAP / 2)
+        return EAGAIN;
+    t = __atomic_fetch_add(&e->reserved, 1, __ATOMIC_ACQ_REL);
+    e->slots[t % SHM_ENGINE_CAP] = op;
+    while (__atomic_load_n(&e->issued, __ATOMIC_ACQUIRE) != t) shm_cpu_relax();
+    __atomic_store_n(&e->issued, t + 1, __ATOMIC_RELEASE);
     shm_engine_kick(e);
     return 0;
 }
@@ -133,10 +124,8 @@ static inline void *shm_engine_claim_ticket_below(shm_engine_t *e, uint64_t tick
     uint64_t finished = shm_engine_finished(e);
     if (finished >= shm_engine_issued(e) || finished >= tickets || !shm_engine_try_hold(e)) return NULL;
     finished = e->finished;  /* now ours: stable */
-    pthread_mutex_lock(&e->mu);
-    if (finished < e->issued && finished < tickets) op = e->slots[finished % e->cap];
-    pthread_mutex_unlock(&e->mu);
-    if (!op) shm_engine_let_go(e);
+    if (finished < shm_engine_issued(e) && finished < tickets) op = e->slots[finished % SHM_ENGINE_CAP];
+    else shm_engine_let_go(e);
     return op;
 }
 
@@ -160,11 +149,8 @@ static inline int shm_engine_claim_inline(shm_engine_t *e) {
 /* The op `i` places behind the head, or NULL. Only for the thread holding the engine (nobody
  * else moves the head; submit only appends). */
 static inline void *shm_engine_peek(shm_engine_t *e, uint64_t i) {
-    void *op = NULL;
-    pthread_mutex_lock(&e->mu);
-    if (e->finished + i < e->issued) op = e->slots[(e->finished + i) % e->cap];
-    pthread_mutex_unlock(&e->mu);
-    return op;
+    if (e->finished + i < shm_engine_issued(e)) return e->slots[(e->finished + i) % SHM_ENGINE_CAP];
+    return NULL;
 }
 
 /* End a claim: `queued` ops at the head of the queue ran (they leave it; 0 for inline claims). */

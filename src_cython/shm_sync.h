@@ -30,6 +30,7 @@ static inline void shm_store_release64(uint64_t *p, uint64_t v) { __atomic_store
 static inline uint32_t shm_fetch_add(uint32_t *p, uint32_t v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 static inline uint32_t shm_fetch_sub(uint32_t *p, uint32_t v) { return __atomic_fetch_sub(p, v, __ATOMIC_SEQ_CST); }
 static inline void shm_store_seq_cst(uint32_t *p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_SEQ_CST); }
+static inline void shm_store_release(uint32_t *p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 static inline void shm_store_relaxed(uint32_t *p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
 static inline int shm_seq_geq(uint32_t a, uint32_t b) { return (int32_t)(a - b) >= 0; }
 

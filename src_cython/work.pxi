@@ -1,13 +1,13 @@
 # Work: the handle of an async operation.
 #
-# A collective's Work holds its _Call: completion is a C flag the runner stores, and `wait`
-# drives the group's queue on the calling thread up to this op (no hand-off, no sleep when the
-# op is next in line). The Future is made only if asked for (get_future). A point-to-point Work
-# holds a Future that the p2p engine completes, and a `drive` function that moves bytes on the
-# waiting thread.
+# A collective's Work is its call's _Call (a subclass: one object per async op): completion is a
+# C flag the runner stores, and `wait` drives the group's queue on the calling thread up to this
+# op (no hand-off, no sleep when the op is next in line). The Future is made only if asked for
+# (get_future). A point-to-point Work holds a Future that the p2p engine completes, and a `drive`
+# function that moves bytes on the waiting thread.
 
 
-cdef class Work:
+cdef class Work(_Call):
     """Handle of an asynchronous operation, as returned by any call with ``async_op=True``.
 
     The Work keeps the operation's arrays alive until it completes; dropping it without
@@ -19,14 +19,12 @@ cdef class Work:
         work.wait()            # raises the operation's error, if any
         assert work.is_success()
     """
-    cdef _Call _call                 # collective: its arguments and state; None for p2p
-    cdef Communicator _comm
+    cdef Communicator _comm          # collectives: the group's engine; None for p2p
     cdef public object _future       # p2p: completed by the p2p engine; collective: made lazily
     cdef public object _outputs
     cdef public int _source
     cdef object _abort_fn
     cdef object _drive
-    cdef object __weakref__
 
     def __init__(self, fn=None, args=(), outputs=(), abort=None, drive=None):
         # Point-to-point Works: the p2p engine completes `_future` (fn and args are unused).
@@ -37,14 +35,15 @@ cdef class Work:
         self._drive = drive
 
     @staticmethod
-    cdef Work _of(_Call call, Communicator comm):
+    cdef Work _new(Communicator comm):
         cdef Work w = Work.__new__(Work)
-        w._call, w._comm, w._outputs, w._source = call, comm, call.outputs, -1
+        w._tables(comm.size)
+        w._comm, w._source = comm, -1
         return w
 
     cdef inline bint _done(self):
-        if self._call is not None:
-            return self._call.done()
+        if self._comm is not None:
+            return self.done()
         return self._future.done()
 
     def wait(self, timeout=None):
@@ -57,17 +56,16 @@ cdef class Work:
         """
         cdef double limit = -1.0 if timeout is None else float(timeout)
         cdef int rc = 0
-        cdef _Call call = self._call
-        if call is None:
+        if self._comm is None:
             return self._wait_future(limit)
-        if not call.done():
+        if not self.done():
             with nogil:
-                rc = self._comm._drive(&call.o, limit)
+                rc = self._comm._drive(&self.o, limit)
             if rc == -2:
                 raise CommTimeoutError(f"Work not completed within {timeout} s")
             self._comm._prune()
-        if call.error is not None:
-            raise call.error
+        if self.error is not None:
+            raise self.error
         return True
 
     cdef _wait_future(self, double limit):
@@ -110,8 +108,8 @@ cdef class Work:
         """
         if not self._done():
             return None
-        if self._call is not None:
-            return self._call.error
+        if self._comm is not None:
+            return self.error
         try:
             self._future.value()
         except BaseException as exc:  # noqa: BLE001
@@ -126,7 +124,7 @@ cdef class Work:
             out, = sc.all_reduce(x, async_op=True).result()
         """
         self.wait()
-        return list(self._outputs)
+        return list(self.results() if self._comm is not None else self._outputs)
 
     def get_future(self):
         """A ``shmcomm.Future`` completed with ``result()`` (or the op's error). Its callbacks run
@@ -136,15 +134,16 @@ cdef class Work:
 
             fut = work.get_future().then(lambda f: f.value()[0].sum())
         """
-        cdef _Call call = self._call
-        if call is None or call.future is not None:
-            return self._future if call is None else call.future
-        call.future = Future()
-        capi.shm_store_seq_cst(&call.o.has_future, 1)
-        if call.done():  # completed before the flag was seen: settle it here (once)
+        if self._comm is None:
+            return self._future
+        if self.future is not None:
+            return self.future
+        self.future = Future()
+        capi.shm_store_seq_cst(&self.o.has_future, 1)
+        if self.done():  # completed before the flag was seen: settle it here (once)
             with nogil:
-                _settle_future(&call.o)
-        return call.future
+                _settle_future(&self.o)
+        return self.future
 
     def source_rank(self):
         """Sender's rank for a completed ``irecv``; -1 otherwise.
@@ -162,7 +161,7 @@ cdef class Work:
 
             work.abort()
         """
-        if self._call is not None:
+        if self._comm is not None:
             self._comm.abort()
         else:
             if self._abort_fn is not None:
