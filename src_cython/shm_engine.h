@@ -51,6 +51,7 @@ typedef struct {
     uint32_t drivers;        /* threads waiting in a drive loop: the background thread leaves
                                 the queue to them instead of competing for the cores */
     uint32_t stop;
+    uint64_t eager_until;    /* tickets below this were submitted as "start at once" (large ops) */
 } shm_engine_t;
 
 static inline int shm_engine_init(shm_engine_t *e) {
@@ -71,6 +72,7 @@ static inline void shm_engine_kick(shm_engine_t *e) {
 }
 
 static inline uint64_t shm_engine_issued(shm_engine_t *e) { return __atomic_load_n(&e->issued, __ATOMIC_ACQUIRE); }
+static inline uint64_t shm_engine_eager_until(shm_engine_t *e) { return __atomic_load_n(&e->eager_until, __ATOMIC_ACQUIRE); }
 static inline uint64_t shm_engine_finished(shm_engine_t *e) { return __atomic_load_n(&e->finished, __ATOMIC_ACQUIRE); }
 
 /* Queued ops not yet run to their end (a snapshot). */
@@ -93,6 +95,16 @@ static inline int shm_engine_push(shm_engine_t *e, void *op) {
     __atomic_store_n(&e->issued, t + 1, __ATOMIC_RELEASE);
     shm_engine_kick(e);
     return 0;
+}
+
+/* After pushing ticket `t`, a large op: the background thread may start it at once (a wake-up
+ * costs microseconds; the op milliseconds that the caller can spend computing meanwhile). */
+static inline void shm_engine_push_eager(shm_engine_t *e) {
+    uint64_t t = shm_engine_issued(e);
+    uint64_t seen = __atomic_load_n(&e->eager_until, __ATOMIC_RELAXED);
+    while (seen < t && !__atomic_compare_exchange_n(&e->eager_until, &seen, t, 1, __ATOMIC_RELEASE, __ATOMIC_RELAXED)) {}
+    __atomic_fetch_add(&e->kick, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&e->kick_waiters, __ATOMIC_SEQ_CST)) shm_futex_wake_all(&e->kick);
 }
 
 /* Wake threads waiting for the engine to change hands. */
@@ -164,6 +176,8 @@ static inline void shm_engine_release(shm_engine_t *e, int claim, int queued) {
     /* Ops queued behind: the background thread takes them (a dozing one finds them itself). */
     if (__atomic_load_n(&e->deep, __ATOMIC_SEQ_CST) && shm_engine_pending(e)) shm_engine_kick(e);
 }
+
+static inline int shm_engine_busy(shm_engine_t *e) { return (int)__atomic_load_n(&e->busy, __ATOMIC_ACQUIRE); }
 
 static inline int shm_engine_idle(shm_engine_t *e) {
     return !__atomic_load_n(&e->busy, __ATOMIC_ACQUIRE) && !shm_engine_pending(e);
