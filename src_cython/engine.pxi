@@ -296,7 +296,7 @@ cdef class Communicator:
             again.unlink_name()
 
     cdef bint _creator_alive(self, int pid):
-        return pid > 0 and (kill(pid, 0) == 0 or errno != 3)  # ESRCH
+        return pid > 0 and (kill(pid, 0) == 0 or errno != ESRCH)
 
     cdef _register(self):
         cdef capi.shm_cb_t *me = self.cb(self.rank)
@@ -322,8 +322,7 @@ cdef class Communicator:
                 return
             PyErr_CheckSignals()
             if not self._creator_alive(self.hdr.creator_pid):
-                raise PeerFailureError(f"rank 0 (pid {self.hdr.creator_pid}) died during start-up",
-                                       0, self.hdr.creator_pid)
+                raise peer_failure("init_process_group", 0, self.hdr.creator_pid, "died during start-up")
             if time.monotonic() > deadline:
                 missing = [r for r in range(self.size) if self.cb(r).state != SHM_RANK_ATTACHED]
                 raise CommTimeoutError(
@@ -334,7 +333,7 @@ cdef class Communicator:
     cdef bint _peer_dead(self, int r) noexcept nogil:
         if self.pidfds[r] >= 0:
             return capi.shm_pidfd_exited(self.pidfds[r])
-        return kill(self.pids[r], 0) != 0 and errno == 3
+        return kill(self.pids[r], 0) != 0 and errno == ESRCH
 
     cdef object _fail(self, object exc):
         """Remember why the group broke (a step was left half done) and return the error."""
@@ -362,9 +361,7 @@ cdef class Communicator:
                 continue
             if capi.shm_load_acquire(&self.cb(r).state) == SHM_RANK_DEPARTED or self._peer_dead(r):
                 with gil:
-                    raise self._fail(PeerFailureError(
-                        f"{self._name()}: rank {r} (pid {self.pids[r]}) died or left the group",
-                        r, self.pids[r]))
+                    raise self._fail(peer_failure(self._name(), r, self.pids[r]))
         if capi.shm_now_ns() > self.deadline_ns:
             with gil:
                 late = [r for r in range(self.size) if r != self.rank and
@@ -521,9 +518,8 @@ cdef class Communicator:
         if capi.shm_load_acquire(&peer.withdrawn):
             capi.shm_fetch_sub(&peer.cma_users, 1)
             with gil:
-                raise self._fail(PeerFailureError(
-                    f"{self._name()}: rank {q} (pid {self.pids[q]}) failed this operation and "
-                    f"withdrew its buffers", q, self.pids[q]))
+                raise self._fail(peer_failure(self._name(), q, self.pids[q],
+                                              "failed this operation and withdrew its buffers"))
         if write:
             err = capi.shm_cma_write(self.pids[q], local, remote, n)
         else:
@@ -531,11 +527,8 @@ cdef class Communicator:
         capi.shm_fetch_sub(&peer.cma_users, 1)
         if err:
             with gil:
-                if err == 3:  # ESRCH
-                    raise self._fail(PeerFailureError(f"{self._name()}: rank {q} (pid {self.pids[q]}) "
-                                                      f"died", q, self.pids[q]))
-                raise self._fail(ShmcommError(f"{self._name()}: {'writing' if write else 'reading'} "
-                                              f"rank {q}'s memory failed: {_os_error_text(err)}"))
+                raise self._fail(os_failure(f"{self._name()}: {'writing' if write else 'reading'} rank "
+                                            f"{q}'s memory", err, q, self.pids[q]))
         return 0
 
     cdef void _withdraw(self) noexcept nogil:

@@ -564,9 +564,7 @@ cdef class P2PEngine:
             err = capi.shm_cma_read(pid, dst, addr, n)
         if err == 0:
             return None
-        if err == 3:  # ESRCH
-            return PeerFailureError(f"recv from rank {inc.src}: the sender (pid {pid}) died", inc.src, pid)
-        return ShmcommError(f"recv from rank {inc.src}: reading its memory failed: {_os_error_text(err)}")
+        return os_failure(f"recv from rank {inc.src}: reading its memory", err, inc.src, pid)
 
     cdef _finish_recv(self, _RecvOp op, error, int source):
         """Complete a receive matched with a message from ``source``."""
@@ -684,7 +682,7 @@ cdef class P2PEngine:
         c = self.comm
         if gone:
             pid = c.pids[q] if q >= 0 else -1
-            return PeerFailureError(f"{what} rank {q}: the peer (pid {pid}) died or left the group", q, pid)
+            return peer_failure(f"{what} rank {q}", q, pid)
         return CommTimeoutError(f"{what} rank {q}: no progress within {c.timeout} s")
 
     cdef _fail_all(self, exc):

@@ -148,7 +148,7 @@ cdef class RpcChannel:
     cdef object _gone_error(self, int r, str what):
         self.gone[r] = True
         pid = self.comm.pids[r]
-        return PeerFailureError(f"{what} rank {r}: the peer (pid {pid}) died or left", r, pid)
+        return peer_failure(f"{what} rank {r}", r, pid)
 
     # ---- sending ------------------------------------------------------------------------------
     def send(self, int dst, int kind, uint64_t req_id, uint64_t flags, bytes data not None,
