@@ -494,3 +494,23 @@ def _batched_small_reductions(rank, size, mismatch_at):
 def test_small_reductions_in_flight_run_together_and_stay_in_step(world, mismatch_at):
     fused = run_ranks(_batched_small_reductions, world, mismatch_at)
     assert sum(fused) > 0, "no call ran together with another: the test did not exercise batching"
+
+
+def _destroy_from_a_callback(rank, size):
+    """A Future callback that destroys the group (it runs on whichever thread completes the op,
+    the progress thread included): the group goes away cleanly, later calls get a clear error."""
+    if rank == 1:
+        time.sleep(0.2)  # rank 0's op is pending when its callback is added
+    done = threading.Event()
+    w = sc.all_reduce(np.ones(4), async_op=True)
+    w.get_future().add_done_callback(lambda f: (sc.destroy_process_group(), done.set()))
+    assert done.wait(20), "the callback never ran"
+    assert w.is_success() and not sc.is_initialized()
+    with pytest.raises(ValueError, match="not initialized"):
+        sc.all_reduce(np.ones(4))
+    return True
+
+
+@pytest.mark.timeout(60)
+def test_a_callback_may_destroy_the_group():
+    assert all(run_ranks(_destroy_from_a_callback, 2))
