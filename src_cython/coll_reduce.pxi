@@ -5,9 +5,12 @@
 #       3. the first m calls, m the smallest count any rank published, are done: every rank that
 #       wants a result reduces the slots in rank order. Calls past m stay queued for the next step.
 #       So ranks that saw different numbers of queued calls still agree, with no extra sync.
-#   pipelined (below the single-copy size): per slot-sized chunk, 1. copy to the slot the parts
-#       peers reduce; 2. step; 3. reduce this rank's slice of the chunk from every slot into the
-#       next slot; 4. step; 5. copy every rank's reduced slice out.
+#   medium (below the single-copy size, within one slot): reduce-scatter plus all-gather in two
+#       steps, several queued calls at once with the same agreement on their count (see
+#       _reduce_batch_medium).
+#   pipelined (larger, below the single-copy size): per slot-sized chunk, 1. copy to the slot
+#       the parts peers reduce; 2. step; 3. reduce this rank's slice of the chunk from every slot
+#       into the next slot; 4. step; 5. copy every rank's reduced slice out.
 #   zero copy (every rank passed an sc.empty array at the same place of one heap): 1. a step with
 #       the descriptor; 2. rank r reduces slice r straight from every array and writes it into
 #       every array that wants it; 3. step.
@@ -39,6 +42,9 @@ cdef int _run_reduce(Communicator c, op_t *o) except -1 nogil:
         return 0
     if c._one_shot_size(nbytes):
         _reduce_batch(c, &o, 1)
+        return 0
+    if _medium_size(c, nbytes):
+        _reduce_batch_medium(c, &o, 1)
         return 0
     c._set_desc(o.kind, dtype, nbytes, <uint64_t>root, op)
     # Below the single-copy size the descriptor rides on the first chunk's step (no zero copy
@@ -93,18 +99,45 @@ cdef inline size_t _batch_bytes(op_t *o, int j) noexcept nogil:
     return (BATCH_HEADER if j else 0) + _align_up(o.nbytes, 64)
 
 
-cdef inline bint _batchable(Communicator c, op_t *o) noexcept nogil:
-    return (o.kind == K_ALL_REDUCE or o.kind == K_REDUCE) and c.size > 1 and c._one_shot_size(o.nbytes)
+cdef inline bint _medium_size(Communicator c, size_t nbytes) noexcept nogil:
+    """Reductions between the one-shot and the single-copy sizes that fit one slot: reduce-scatter
+    plus all-gather in two steps, several calls at once."""
+    return nbytes < c.cma_bytes and nbytes <= c.slot_bytes and not c._one_shot_size(nbytes)
 
 
-cdef int _reduce_batch(Communicator c, op_t **ops, int k) except -1 nogil:
-    """The small path for ops[0..k): returns m, how many of them are done (see the top)."""
-    cdef uint32_t s = c.next_step()
+cdef inline int _batch_class(Communicator c, op_t *o) noexcept nogil:
+    """1: small (one shot), 2: medium (two steps), 0: runs alone. Calls batch with their class."""
+    if (o.kind != K_ALL_REDUCE and o.kind != K_REDUCE) or c.size == 1 or o.heap:
+        return 0
+    if c._one_shot_size(o.nbytes):
+        return 1
+    return 2 if _medium_size(c, o.nbytes) else 0
+
+
+cdef int _agreed_calls(Communicator c, op_t **ops, int k, uint32_t s, size_t *data_off) except -1 nogil:
+    """After the first step of a batch: the number of calls every rank packed and agrees on (the
+    first call's descriptor is checked by _check_desc; later ones from the slot headers)."""
+    cdef int j, q, w, m = k
     cdef char *mine = c.slot(c.rank, s)
-    cdef uint64_t *d
     cdef uint64_t *theirs
+    c._check_desc()
+    for q in range(c.size):
+        m = min(m, <int>c.cb(q).desc[s & 1][5])
+    for j in range(1, m):
+        for q in range(c.size):
+            theirs = <uint64_t *>(c.slot(q, s) + data_off[j] - BATCH_HEADER)
+            for w in range(5):
+                if theirs[w] != (<uint64_t *>(mine + data_off[j] - BATCH_HEADER))[w]:
+                    return j
+    return m
+
+
+cdef size_t _pack_headers(Communicator c, op_t **ops, int k, char *mine, size_t *data_off) noexcept nogil:
+    """Lay out k calls in a slot (descriptor before every call but the first, data cache-line
+    aligned); fills data_off and returns the bytes used."""
     cdef size_t off = 0
-    cdef int j, q, w, m = k, n = c.size
+    cdef uint64_t *d
+    cdef int j
     cdef op_t *o
     for j in range(k):
         o = ops[j]
@@ -112,35 +145,77 @@ cdef int _reduce_batch(Communicator c, op_t **ops, int k) except -1 nogil:
             d = <uint64_t *>(mine + off)
             d[0] = o.kind; d[1] = o.dtype; d[2] = o.nbytes; d[3] = <uint64_t>o.root; d[4] = o.op
             off += BATCH_HEADER
-        memcpy(mine + off, o.ptr, o.nbytes)
+        data_off[j] = off
         off += _align_up(o.nbytes, 64)
+    return off
+
+
+cdef int _reduce_batch_medium(Communicator c, op_t **ops, int k) except -1 nogil:
+    """The medium path for ops[0..k), each within one slot: returns m, how many are done.
+    1. every rank copies, for each call, the parts peers reduce into its slot (the counts and the
+       descriptors ride along); 2. step; 3. for the m agreed calls, each rank reduces its slice
+       from every slot (its own from its array) into its next slot; 4. step; 5. ranks that want
+       the results copy every slice out."""
+    cdef uint32_t s = c.next_step()
+    cdef char *mine = c.slot(c.rank, s)
+    cdef size_t data_off[MAX_BATCH]
+    cdef size_t lo, hi
+    cdef int j, q, i, m, n = c.size, isz
+    cdef op_t *o
+    _pack_headers(c, ops, k, mine, data_off)
+    for j in range(k):
+        o = ops[j]
+        isz = o.itemsize
+        c._slice(o.count, c.rank, isz, &lo, &hi)
+        memcpy(mine + data_off[j], o.ptr, lo * isz)
+        memcpy(mine + data_off[j] + hi * isz, o.ptr + hi * isz, (o.count - hi) * isz)
     o = ops[0]
     c._set_desc(o.kind, o.dtype, o.nbytes, <uint64_t>o.root, o.op)
     c.cb(c.rank).desc[s & 1][5] = k
     c._step()
-    c._check_desc()  # the first call against every rank's (a mismatch raises on every rank)
-    for q in range(n):
-        m = min(m, <int>c.cb(q).desc[s & 1][5])
-    off = _batch_bytes(ops[0], 0)
-    for j in range(1, m):  # later calls that disagree: done up to there; the rest runs next step
-        for q in range(n):
-            theirs = <uint64_t *>(c.slot(q, s) + off)
-            for w in range(5):
-                if theirs[w] != (<uint64_t *>(mine + off))[w]:
-                    m = j
-        if m == j:
-            break
-        off += _batch_bytes(ops[j], j)
-    off = 0
+    m = _agreed_calls(c, ops, k, s, data_off)
     for j in range(m):
         o = ops[j]
-        if j:
-            off += BATCH_HEADER
+        isz = o.itemsize
+        c._slice(o.count, c.rank, isz, &lo, &hi)
+        for q in range(n):
+            c.srcs[q] = c.slot(q, s) + data_off[j] + lo * isz
+        c.srcs[c.rank] = o.ptr + lo * isz
+        shm_reduce(c.slot(c.rank, s + 1) + data_off[j] + lo * isz, c.srcs, n, hi - lo, o.dtype, o.op)
+    c._step()
+    for j in range(m):
+        o = ops[j]
+        if o.root >= 0 and o.root != c.rank:
+            continue
+        isz = o.itemsize
+        for i in range(n):
+            q = (c.rank + i) % n
+            c._slice(o.count, q, isz, &lo, &hi)
+            memcpy(o.ptr + lo * isz, c.slot(q, s + 1) + data_off[j] + lo * isz, (hi - lo) * isz)
+    return m
+
+
+cdef int _reduce_batch(Communicator c, op_t **ops, int k) except -1 nogil:
+    """The small path for ops[0..k): returns m, how many of them are done (see the top)."""
+    cdef uint32_t s = c.next_step()
+    cdef char *mine = c.slot(c.rank, s)
+    cdef size_t data_off[MAX_BATCH]
+    cdef int j, q, m, n = c.size
+    cdef op_t *o
+    _pack_headers(c, ops, k, mine, data_off)
+    for j in range(k):
+        memcpy(mine + data_off[j], ops[j].ptr, ops[j].nbytes)
+    o = ops[0]
+    c._set_desc(o.kind, o.dtype, o.nbytes, <uint64_t>o.root, o.op)
+    c.cb(c.rank).desc[s & 1][5] = k
+    c._step()
+    m = _agreed_calls(c, ops, k, s, data_off)
+    for j in range(m):
+        o = ops[j]
         if o.root < 0 or o.root == c.rank:
             for q in range(n):
-                c.srcs[q] = c.slot(q, s) + off
+                c.srcs[q] = c.slot(q, s) + data_off[j]
             shm_reduce(o.ptr, c.srcs, n, o.count, o.dtype, o.op)
-        off += _align_up(o.nbytes, 64)
     return m
 
 

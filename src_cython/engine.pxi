@@ -574,13 +574,13 @@ cdef class Communicator:
         cdef op_t *batch[MAX_BATCH]
         cdef op_t *nxt
         cdef size_t room = self.slot_bytes
-        cdef int j, k = 1, rc
+        cdef int j, k = 1, rc, kind = _batch_class(self, o)
         batch[0] = o
-        if _batchable(self, o):
+        if kind:
             room -= _batch_bytes(o, 0)
             while k < MAX_BATCH:
                 nxt = <op_t *>capi.shm_engine_peek(&self.engine, k)
-                if nxt == NULL or not _batchable(self, nxt) or _batch_bytes(nxt, k) > room:
+                if nxt == NULL or _batch_class(self, nxt) != kind or _batch_bytes(nxt, k) > room:
                     break
                 room -= _batch_bytes(nxt, k)
                 batch[k] = nxt
@@ -1070,9 +1070,11 @@ cdef int _exec_entry(Communicator c, op_t *o) except -1 nogil:
 
 
 cdef int _exec_batch_entry(Communicator c, op_t **ops, int k) except -1 nogil:
-    """Run k small reductions in one step; returns how many are done."""
+    """Run k small (or k medium) reductions together; returns how many are done."""
     c._begin(_kind_cname(ops[0].kind))
-    return _reduce_batch(c, ops, k)
+    if _batch_class(c, ops[0]) == 1:
+        return _reduce_batch(c, ops, k)
+    return _reduce_batch_medium(c, ops, k)
 
 
 cdef const char *_kind_cname(int kind) noexcept nogil:

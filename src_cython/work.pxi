@@ -7,6 +7,7 @@
 # function that moves bytes on the waiting thread.
 
 
+@cython.final
 cdef class Work(_Call):
     """Handle of an asynchronous operation, as returned by any call with ``async_op=True``.
 

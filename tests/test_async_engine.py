@@ -449,8 +449,8 @@ def test_rank0_killed_during_start_up_leaves_no_segment():
 
 
 # ---- small reductions run together in one step ----------------------------------------------------
-def _batched_small_reductions(rank, size, mismatch_at):
-    """Many small all_reduce/reduce calls of mixed dtypes, ops and roots in flight. Ranks pause at
+def _batched_reductions(rank, size, mismatch_at, base):
+    """Many all_reduce/reduce calls of mixed dtypes, ops and roots in flight. Ranks pause at
     different points, so each sees a different number of them queued when it runs a step: every
     rank must still complete the same calls with numpy's values. With ``mismatch_at``, that call
     has another size on rank 1: it (only) fails with CollectiveMismatchError on every rank."""
@@ -460,7 +460,7 @@ def _batched_small_reductions(rank, size, mismatch_at):
         if i % (5 + rank) == 0:
             time.sleep(0.003)  # batch boundaries differ between ranks
         dtype = dtypes[i % len(dtypes)]
-        n = 1 + i % 7 + (1 if i == mismatch_at and rank == 1 else 0)
+        n = base + i % 7 + (1 if i == mismatch_at and rank == 1 else 0)
         x = np.full(n, rank + i, dtype)
         kind = i % 3
         if kind == 0:
@@ -491,8 +491,9 @@ def _batched_small_reductions(rank, size, mismatch_at):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("world", [2, 3, 4])
 @pytest.mark.parametrize("mismatch_at", [None, 9])
-def test_small_reductions_in_flight_run_together_and_stay_in_step(world, mismatch_at):
-    fused = run_ranks(_batched_small_reductions, world, mismatch_at)
+@pytest.mark.parametrize("base", [1, 6000])  # small (one step) and medium (two steps) calls
+def test_reductions_in_flight_run_together_and_stay_in_step(world, mismatch_at, base):
+    fused = run_ranks(_batched_reductions, world, mismatch_at, base)
     assert sum(fused) > 0, "no call ran together with another: the test did not exercise batching"
 
 
