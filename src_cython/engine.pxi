@@ -105,7 +105,8 @@ cdef class Communicator:
     cdef bint background          # the op running now runs on the background thread
     cdef bint published           # the op running now published addresses of this rank's memory
     cdef _Call inline_call        # the arguments of the synchronous call holding the engine
-    cdef object inflight          # queued _Calls, oldest first (they keep their arrays alive)
+    cdef list inflight            # queued _Calls from inflight_head on, oldest first (they keep
+    cdef Py_ssize_t inflight_head  # their arrays alive); entries before the head are done
     cdef object thread
     cdef object thread_lock
     cdef readonly int owner_pid   # a forked child must not leave its parent's group
@@ -153,8 +154,8 @@ cdef class Communicator:
         self.inline_call = _Call()
         self.inline_call._tables(size)
         self.inline_call.inline = True
-        from collections import deque
-        self.inflight = deque()
+        self.inflight = []
+        self.inflight_head = 0
         self.thread = None
         self.thread_lock = threading.Lock()
         for r in range(size):
@@ -716,10 +717,10 @@ cdef class Communicator:
         call.owners = owners
         call.outputs = outputs
         call.one_output = one_output
-        if len(self.inflight) > 8:  # (Work.wait prunes too)
+        if len(self.inflight) - self.inflight_head > 8:  # (Work.wait prunes too)
             self._prune()
         while capi.shm_engine_push(&self.engine, o) != 0:  # the queue is full: make room
-            oldest = <_Call>self.inflight[0]
+            oldest = <_Call>self.inflight[self.inflight_head]
             with nogil:
                 self._drive(&oldest.o, -1.0)
             self._prune()
@@ -732,12 +733,16 @@ cdef class Communicator:
 
     cdef _prune(self):
         """Forget queued calls that completed (their arrays may go)."""
-        cdef _Call head
-        while self.inflight:
-            head = self.inflight[0]
-            if not head.done():
-                break
-            self.inflight.popleft()
+        cdef Py_ssize_t n = len(self.inflight)
+        while self.inflight_head < n and (<_Call>self.inflight[self.inflight_head]).done():
+            self.inflight[self.inflight_head] = None
+            self.inflight_head += 1
+        if self.inflight_head == n:
+            del self.inflight[:]
+            self.inflight_head = 0
+        elif self.inflight_head > 64:
+            del self.inflight[:self.inflight_head]
+            self.inflight_head = 0
 
     def submit(self, fn, tuple args, outputs, bint async_op=False):
         """Run ``fn(*args)`` in issue order (collectives it calls run inside it); a Work if async.
@@ -775,13 +780,12 @@ cdef class Communicator:
         # callers run every op themselves, the rest doubles (up to doze_max_ns: fewer wake-ups
         # competing for the cores); the first op nobody waited for sets it back.
         cdef void *head
-        cdef uint32_t seen, last_kick = 0
-        cdef uint64_t before = 0, doze = self.doze_ns, doze_max = 20 * self.doze_ns
+        cdef uint64_t before = 0, seen, last_seen = 0, doze = self.doze_ns, doze_max = 20 * self.doze_ns
         cdef uint64_t active = capi.shm_now_ns()
         while not capi.shm_load_acquire(&self.engine.stop):
-            seen = capi.shm_load_acquire(&self.engine.kick)
-            if seen != last_kick:
-                last_kick, active = seen, capi.shm_now_ns()
+            seen = capi.shm_engine_issued(&self.engine)
+            if seen != last_seen:
+                last_seen, active = seen, capi.shm_now_ns()
             if capi.shm_load_acquire(&self.engine.drivers) == 0:
                 head = capi.shm_engine_claim_ticket_below(
                     &self.engine, max(before, capi.shm_engine_eager_until(&self.engine)))
@@ -790,7 +794,7 @@ cdef class Communicator:
                     doze = self.doze_ns
                     continue
             before = capi.shm_engine_issued(&self.engine)
-            capi.shm_engine_rest(&self.engine, seen, capi.shm_now_ns() - active > IDLE_NS, doze, SLICE_NS)
+            capi.shm_engine_rest(&self.engine, before, capi.shm_now_ns() - active > IDLE_NS, doze, SLICE_NS)
             # Ops came in during the rest: they are ours after one short rest unless their issuer
             # runs them meanwhile. Nothing came: rest longer.
             if capi.shm_engine_pending(&self.engine) and not capi.shm_engine_busy(&self.engine):
