@@ -18,8 +18,14 @@ from shmcomm.errors import (  # noqa: F401
     InvalidStateError,
     PeerFailureError,
     ShmcommError,
+    UntrustedFileError,
 )
 from shmcomm.ops import ReduceOp  # noqa: F401
+from shmcomm.trust import ensure_inherited_secret
+
+# Processes this one starts (multiprocessing, subprocess) inherit the secret and so can prove
+# they belong to one job; see shmcomm.trust.
+ensure_inherited_secret()
 
 try:
     from shmcomm import _core  # noqa: F401
@@ -54,7 +60,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AbortedError", "CollectiveMismatchError", "CommTimeoutError", "InvalidStateError",
-    "PeerFailureError", "ShmcommError", "Future", "collect_all", "wait_all", "ReduceOp", "Work",
+    "PeerFailureError", "ShmcommError", "UntrustedFileError", "Future", "collect_all", "wait_all", "ReduceOp", "Work",
     "ProcessGroup", "destroy_process_group", "get_rank", "get_world_size", "init_process_group",
     "is_initialized", "new_group", *_collectives_all,
 ]

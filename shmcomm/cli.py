@@ -91,14 +91,18 @@ def segment_users() -> dict[str, set[int]]:
 
 def segment_state(seg: segments.SegmentInfo, users: dict[str, set[int]] | None = None,
                   now: float | None = None) -> str:
-    """``"alive"``, ``"starting"`` or ``"stale"``: only a stale segment may be removed.
+    """``"alive"``, ``"starting"``, ``"stale"`` or ``"foreign"``: only a stale segment may be
+    removed.
 
-    Alive: an owner pid from the header still runs, or a process maps or opens the file.
+    Foreign: a file under this user's names that is not this user's (another user planted it,
+    or it is a link or has a wrong mode): never touched. Alive: an owner pid from the header still runs, or a process maps or opens the file.
     Starting: no header or no owner pid yet, and younger than ``STARTUP_GRACE_S`` (its creator
     may be between creating the file and writing the header). Stale: everything else. Example::
 
         [s.name for s in segments.list_segments() if segment_state(s) == "stale"]
     """
+    if seg.untrusted is not None:
+        return "foreign"
     users = segment_users() if users is None else users
     if users.get(seg.name):
         return "alive"
@@ -238,6 +242,10 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4])
+    for s in segs:
+        if s.untrusted is not None:
+            print(f"shmcomm: {s.name} is not yours: {s.untrusted}; shmcomm never uses or removes "
+                  f"it (ask its owner or root to)", file=sys.stderr)
     return 0
 
 

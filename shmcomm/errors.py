@@ -20,6 +20,7 @@ __all__ = [
     "CollectiveMismatchError",
     "AbortedError",
     "InvalidStateError",
+    "UntrustedFileError",
 ]
 
 
@@ -92,4 +93,18 @@ class InvalidStateError(ShmcommError):
 
         f = sc.Future(); f.set_result(1)
         f.set_result(2)       # raises InvalidStateError
+    """
+
+
+class UntrustedFileError(ShmcommError, PermissionError):
+    """A shared file shmcomm was about to use is not this user's or not this job's.
+
+    Raised at once (never after a timeout) for a file another user planted, a symlink, a hard link,
+    a wrong mode, or a segment of another job with the same name; the message names the file, its
+    owner and mode. Also a ``PermissionError``::
+
+        try:
+            sc.init_process_group(rank=1, world_size=2, name="train")
+        except sc.UntrustedFileError as e:
+            print(e)   # ... owned by uid 1001 (mallory), mode 0666, 2 links ...
     """

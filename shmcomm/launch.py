@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from shmcomm import segments
+from shmcomm import segments, trust
 
 __all__ = ["LaunchConfig", "parse_args", "rank_environment", "launch", "main"]
 
@@ -200,8 +200,9 @@ def _usable_cores() -> list[int]:
 
 
 def rank_environment(cfg: LaunchConfig, rank: int, job: str, port: int, attempt: int = 0,
-                     base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of ``rank``: ``base`` (default ``os.environ``) plus the torchrun variables.
+                     base: dict[str, str] | None = None, secret: str | None = None) -> dict[str, str]:
+    """The environment of ``rank``: ``base`` (default ``os.environ``) plus the torchrun variables
+    and, when given, the job's ``SHMCOMM_SECRET`` (one per attempt; see shmcomm.trust).
 
     Example::
 
@@ -222,6 +223,8 @@ def rank_environment(cfg: LaunchConfig, rank: int, job: str, port: int, attempt:
         "TORCHELASTIC_USE_AGENT_STORE": "False",
         "SHMCOMM_JOB": job,
     })
+    if secret is not None:
+        env[trust.SECRET_ENV] = secret
     env.pop("TORCHELASTIC_ERROR_FILE", None)  # an outer launcher's file, not ours
     if "OMP_NUM_THREADS" not in env:
         # A rank pinned to one core gains nothing from more threads than that core.
@@ -325,6 +328,7 @@ class _Supervisor:
         self.wakeup_r, self.pending = wakeup_r, pending_signals
         self.attempt = attempt
         self.job = _new_job_name()
+        self.secret = trust.new_secret()  # a straggler of an earlier attempt cannot join this one
         self.ranks: list[_Rank] = []
         self.sel = selectors.DefaultSelector()
         self.streams: dict[int, _Stream] = {}
@@ -341,7 +345,7 @@ class _Supervisor:
         cores = _usable_cores()
         self.sel.register(self.wakeup_r, selectors.EVENT_READ, None)
         for r in range(self.cfg.nproc):
-            env = rank_environment(self.cfg, r, self.job, port, self.attempt)
+            env = rank_environment(self.cfg, r, self.job, port, self.attempt, secret=self.secret)
             preexec = None
             if self.cfg.bind_to == "core":
                 core = cores[r % len(cores)]
@@ -577,7 +581,8 @@ def _open_logs(cfg: LaunchConfig, console: _Console) -> dict:
     os.makedirs(cfg.log_dir, exist_ok=True)
     for r in range(cfg.nproc):
         for fd, ext in ((1, "out"), (2, "err")):
-            logs[(r, fd)] = open(os.path.join(cfg.log_dir, f"rank{r}.{ext}"), "wb")
+            path = os.path.join(cfg.log_dir, f"rank{r}.{ext}")
+            logs[(r, fd)] = os.fdopen(trust.open_private_output(path, "log file"), "wb")
     return logs
 
 

@@ -14,8 +14,11 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 import struct
 from dataclasses import dataclass, field
+
+from shmcomm import trust
 
 SHM_DIR = "/dev/shm"
 PREFIX = "shmcomm"
@@ -83,6 +86,7 @@ class SegmentInfo:
     world_size: int = 0
     pids: list[int] = field(default_factory=list)
     valid: bool = False
+    untrusted: str | None = None  # why the file is not ours (another user's, a link...), or None
 
     @property
     def stale(self) -> bool:
@@ -102,17 +106,24 @@ def _alive(pid: int) -> bool:
 
 
 def describe(path: str) -> SegmentInfo:
-    """Read the header of the segment file at ``path`` (never raises for a malformed file).
+    """Read the header of the segment file at ``path`` (never raises for a malformed file, never
+    follows a symlink or blocks on a FIFO). A file that is not ours is described, not read:
+    ``untrusted`` says why.
 
     Example::
 
         info = describe("/dev/shm/shmcomm.1000.job-42.g0")
-        info.pids, info.stale
+        info.pids, info.stale, info.untrusted
     """
     name = os.path.basename(path)
     try:
-        size = os.stat(path).st_size
-        with open(path, "rb") as f:
+        st = os.lstat(path)
+        why = "it is a symlink" if stat.S_ISLNK(st.st_mode) else trust.problem(st, strict=False)
+        if why is not None:
+            return SegmentInfo(name, path, st.st_size, untrusted=f"{why} ({trust.describe_owner(st)})")
+        size = st.st_size
+        fd = trust.open_checked(path, os.O_RDONLY, strict=False)
+        with os.fdopen(fd, "rb") as f:
             head = f.read(HEADER_BYTES)
             magic, _version, world = _HEADER.unpack_from(head) if len(head) >= 16 else (0, 0, 0)
             info = SegmentInfo(name, path, size)
@@ -129,6 +140,8 @@ def describe(path: str) -> SegmentInfo:
                 if len(blocks) >= (r + 1) * CONTROL_BLOCK_BYTES
             ]
             return info
+    except trust.UntrustedFileError as e:  # replaced between lstat and open
+        return SegmentInfo(name, path, 0, untrusted=str(e))
     except OSError:
         return SegmentInfo(name, path, 0)
 
@@ -150,7 +163,8 @@ def list_segments(uid: int | None = None, job: str | None = None) -> list[Segmen
 
 
 def remove_job_segments(job: str, uid: int | None = None) -> list[str]:
-    """Unlink every segment of ``job`` (used by the launcher once all of its ranks have exited).
+    """Unlink every segment of ``job`` that is ours (used by the launcher once all of its ranks
+    have exited); a file someone else planted under the job's names is left alone.
 
     Returns the names removed::
 
@@ -158,9 +172,11 @@ def remove_job_segments(job: str, uid: int | None = None) -> list[str]:
     """
     removed = []
     for seg in list_segments(uid, job):
+        if seg.untrusted is not None:
+            continue
         try:
             os.unlink(seg.path)
             removed.append(seg.name)
-        except FileNotFoundError:
+        except (FileNotFoundError, PermissionError):
             pass
     return removed

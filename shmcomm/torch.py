@@ -55,6 +55,7 @@ from shmcomm.errors import ShmcommError  # noqa: E402
 from shmcomm.group import ProcessGroup as _ShmGroup  # noqa: E402
 from shmcomm.ops import ReduceOp  # noqa: E402
 from shmcomm.segments import sanitize_job  # noqa: E402
+from shmcomm.trust import new_secret  # noqa: E402
 
 __all__ = ["BACKEND_NAME", "ShmcommProcessGroup", "ShmcommWork", "register"]
 
@@ -358,9 +359,10 @@ def _host_identity() -> str:
     return f"{socket.gethostname()} (boot id {boot}, /dev/shm {shm})"
 
 
-def _rendezvous(store, rank: int, size: int, group_name: str) -> str:
-    """Agree on a job name unique to this group (and to this incarnation of its name) and check
-    that every rank runs on this machine; return the job name."""
+def _rendezvous(store, rank: int, size: int, group_name: str) -> tuple[str, str]:
+    """Agree on a job name unique to this group (and to this incarnation of its name) and a
+    secret for its segments (shmcomm.trust), and check that every rank runs on this machine;
+    return the job name and the secret."""
     # Every rank of incarnation g adds before any rank can finish it (the segment needs all of
     # them), so the counter values of one incarnation form one block of `size`.
     generation = (store.add("shmcomm/joined", 1) - 1) // size
@@ -369,6 +371,7 @@ def _rendezvous(store, rank: int, size: int, group_name: str) -> str:
     store.set(f"{key}/host/{rank}", mine)
     if rank == 0:
         label = sanitize_job(group_name or "pg")[:12]
+        store.set(f"{key}/secret", new_secret())
         store.set(f"{key}/job", f"torch-{label}-{uuid.uuid4().hex[:12]}")
     hosts = [mine if r == rank else store.get(f"{key}/host/{r}").decode() for r in range(size)]
     others = [(r, h) for r, h in enumerate(hosts) if h != hosts[0]]
@@ -377,7 +380,7 @@ def _rendezvous(store, rank: int, size: int, group_name: str) -> str:
         raise ShmcommError(
             f"the shmcomm backend needs every rank of a process group on one machine, but group "
             f"{group_name!r} has rank 0 on {hosts[0]} and {listing}; use gloo across machines")
-    return store.get(f"{key}/job").decode()
+    return store.get(f"{key}/job").decode(), store.get(f"{key}/secret").decode()
 
 
 # ---- the process group ------------------------------------------------------------------------------
@@ -404,8 +407,8 @@ class ShmcommProcessGroup(_ProcessGroupBase):
         self._rank, self._size = rank, size
         self._group_name, self._group_desc = group_name, ""
         seconds = _seconds(timeout) or 1800.0
-        job = _rendezvous(store, rank, size, group_name)
-        comm = _core.Communicator(job, "pg", rank, size, seconds)
+        job, secret = _rendezvous(store, rank, size, group_name)
+        comm = _core.Communicator(job, "pg", rank, size, seconds, secret=secret)
         members = list(global_ranks) if global_ranks else list(range(size))
         self._pg = _ShmGroup(comm, members, f"{job}.pg")
         self._comm = comm

@@ -68,8 +68,8 @@ ctypedef struct op_t:
     size_t heap_stride
     bint uniform           # all_to_all: equal pieces
     bint overlap           # all_to_all_single: output and input overlap (in place)
-    uint32_t state         # SHM_OP_*: DONE is stored with release once results are in place
-    uint32_t has_future    # a Future was handed out: the runner completes it (under the GIL)
+    uint32_t state         # SHM_OP_* bits (shm_engine.h): DONE once results are in place,
+                           # FUTURE_WANTED once a Future was handed out
     uint32_t future_taken  # whoever sets this first completes the Future
     PyObject *call         # the owning _Call (borrowed: the group's in-flight list holds it)
 
@@ -92,6 +92,7 @@ cdef class _Call:
     cdef object fn         # K_PYTHON: fn(*args) runs in issue order
     cdef object args
     cdef object future     # shmcomm.Future handed out by Work.get_future()
+    cdef object pin        # self while a handed-out Future awaits settling (see shm_op_mark)
     cdef int claim         # inline calls: how the engine is held (SHM_CLAIM_OWN / NESTED)
     cdef bint inline
     cdef object __weakref__
@@ -128,13 +129,13 @@ cdef class _Call:
         self.o.heap = self.o.heap_off = self.o.heap_stride = 0
         self.o.uniform = self.o.overlap = False
         self.o.state = SHM_OP_QUEUED
-        self.o.has_future = self.o.future_taken = 0
+        self.o.future_taken = 0
 
     cdef list results(self):
         return [self.outputs] if self.one_output else self.outputs
 
     cdef inline bint done(self) noexcept nogil:
-        return capi.shm_load_acquire(&self.o.state) == SHM_OP_DONE
+        return capi.shm_op_done(&self.o.state)
 
 
 cdef extern from *:

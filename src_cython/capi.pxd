@@ -1,5 +1,5 @@
 # C-level declarations used by the compiled core, declared once (as mpi4py does).
-from libc.stdint cimport int32_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 
 cdef extern from "shm_sync.h" nogil:
@@ -26,7 +26,7 @@ cdef extern from "shm_sync.h" nogil:
 
 
 cdef extern from "shm_layout.h" nogil:
-    uint64_t SHM_MAGIC
+    uint64_t SHM_MAGIC, SHM_HEAP_MAGIC
     uint32_t SHM_VERSION
     int SHM_HEADER_BYTES, SHM_CB_BYTES, SHM_RING_CTRL_BYTES, SHM_DESC_WORDS
     int SHM_RANK_ABSENT, SHM_RANK_ATTACHED, SHM_RANK_DEPARTED
@@ -48,6 +48,13 @@ cdef extern from "shm_layout.h" nogil:
         char hostname[64]
         uint64_t small_bytes
         uint64_t cma_bytes
+        uint8_t tag[32]
+        uint32_t self_made
+
+    ctypedef struct shm_heap_header_t:
+        uint64_t magic
+        uint64_t nonce
+        uint8_t tag[32]
 
     ctypedef struct shm_cb_t:
         uint32_t seq
@@ -58,6 +65,7 @@ cdef extern from "shm_layout.h" nogil:
         uint32_t cma_ok
         uint32_t withdrawn
         uint32_t cma_users
+        uint64_t start_time
         uint64_t desc[2][8]
         uint32_t bell
         uint32_t bell_waiters
@@ -72,8 +80,10 @@ cdef extern from "shm_layout.h" nogil:
 
 cdef extern from "shm_engine.h" nogil:
     enum:
-        SHM_OP_QUEUED, SHM_OP_RUNNING, SHM_OP_DONE
+        SHM_OP_QUEUED, SHM_OP_DONE, SHM_OP_FUTURE_WANTED
         SHM_CLAIM_NONE, SHM_CLAIM_OWN, SHM_CLAIM_NESTED
+    int shm_op_done(const uint32_t *state)
+    uint32_t shm_op_mark(uint32_t *state, uint32_t bit)
     ctypedef struct shm_engine_t:
         uint32_t done
         uint32_t done_waiters

@@ -110,6 +110,7 @@ cdef class Communicator:
     cdef object thread
     cdef object thread_lock
     cdef readonly int owner_pid   # a forked child must not leave its parent's group
+    cdef object creds             # shmcomm.trust.Credentials: proves segments are this job's
     cdef uint64_t doze_ns
     cdef readonly unsigned long long fused_calls  # small reductions that ran in a step with others
 
@@ -125,7 +126,7 @@ cdef class Communicator:
         self.engine_ready = False
         self.op_name = b"init"
 
-    def __init__(self, str job, str part, int rank, int size, double timeout):
+    def __init__(self, str job, str part, int rank, int size, double timeout, secret=None):
         if size < 1:
             raise ValueError(f"world_size must be >= 1, got {size}")
         if not 0 <= rank < size:
@@ -137,6 +138,8 @@ cdef class Communicator:
         self.broken = None
         self.heaps = []
         self.owner_pid = getpid()
+        from shmcomm.trust import credentials
+        self.creds = credentials(secret)
         settings = group_settings(size)
         self.small_bytes = settings["small_bytes"]
         self.stream_bytes = settings["stream_bytes"]
@@ -218,6 +221,9 @@ cdef class Communicator:
             _copy_text(self.hdr.job, self.job, 127)
             _copy_text(self.hdr.boot_id, boot, 63)
             _copy_text(self.hdr.hostname, host, 63)
+            tag = self.creds.tag(self.job, self.part)
+            memcpy(self.hdr.tag, <char *>tag, 32)
+            self.hdr.self_made = self.creds.self_made
             capi.shm_store_release64(&self.hdr.magic, SHM_MAGIC)
         else:
             self._attach(name, deadline, host, boot)
@@ -232,11 +238,27 @@ cdef class Communicator:
             self.pids[r] = self.cb(r).pid
             if r != self.rank:
                 self.pidfds[r] = capi.shm_pidfd_open(self.pids[r])
+                self._verify_peer(r)
         # Algorithm choices depend on these, so every rank takes rank 0's values.
         self.small_bytes = self.hdr.small_bytes
         self.cma_bytes = self.hdr.cma_bytes
         self.cma_ok = self.cma_bytes > 0 and self._probe_cma()
         capi.shm_store_seq_cst(&self.cb(self.rank).cma_ok, self.cma_ok)  # senders of p2p look
+
+    cdef _verify_peer(self, int r):
+        """Rank r's pid, read from the segment, must name the process that registered: same
+        user, same start time (checked after the pidfd is open, so the pid cannot be recycled
+        under us). Cross-memory copies only ever target these pids."""
+        from shmcomm.trust import process_identity
+        ident = process_identity(self.pids[r])
+        if ident is None or ident[0] != os.geteuid() or ident[1] != self.cb(r).start_time:
+            self.cb(self.rank).state = SHM_RANK_DEPARTED
+            raise ShmcommError(
+                f"init_process_group: rank {r} registered pid {self.pids[r]}, but that is not the "
+                f"process that joined job {self.job!r} (" +
+                ("it does not exist" if ident is None else
+                 f"uid {ident[0]}, start time {ident[1]}; expected uid {os.geteuid()}, start time "
+                 f"{self.cb(r).start_time}") + ")")
 
     cdef bint _probe_cma(self):
         """Can this rank read every peer's memory directly (same user, no ptrace restriction)?"""
@@ -260,6 +282,9 @@ cdef class Communicator:
                     if hdr.version != SHM_VERSION:
                         raise ShmcommError(f"segment {name} has layout version {hdr.version}, this "
                                            f"shmcomm uses {SHM_VERSION}: mixed shmcomm versions?")
+                    if not self.creds.accepts((<char *>hdr.tag)[:32], hdr.self_made, self.job, self.part):
+                        from shmcomm.trust import foreign_job_error
+                        raise foreign_job_error("/dev/shm" + name, self.job, hdr.creator_pid)
                     if hdr.world_size != <uint32_t>self.size:
                         raise ShmcommError(f"rank {self.rank} was started with world_size={self.size} "
                                            f"but rank 0 with world_size={hdr.world_size}")
@@ -304,7 +329,9 @@ cdef class Communicator:
         if me.state == SHM_RANK_ATTACHED and me.pid > 0 and kill(me.pid, 0) == 0:
             raise ShmcommError(f"rank {self.rank} of job {self.job!r} is already taken by pid "
                                f"{me.pid}: two processes were given the same rank")
+        from shmcomm.trust import process_identity
         me.pid = getpid()
+        me.start_time = process_identity(me.pid)[1]
         me.probe_addr = <uint64_t>&me.pid
         capi.shm_store_seq_cst(&me.state, SHM_RANK_ATTACHED)
         cdef uint32_t joined = capi.shm_fetch_add(&self.hdr.attached, 1) + 1
@@ -575,7 +602,7 @@ cdef class Communicator:
         cdef op_t *batch[MAX_BATCH]
         cdef op_t *nxt
         cdef size_t room = self.slot_bytes
-        cdef int j, k = 1, rc, kind = _batch_class(self, o)
+        cdef int j, k = 1, rc, settle = 0, kind = _batch_class(self, o)
         batch[0] = o
         if kind:
             room -= _batch_bytes(o, 0)
@@ -586,8 +613,6 @@ cdef class Communicator:
                 room -= _batch_bytes(nxt, k)
                 batch[k] = nxt
                 k += 1
-        for j in range(k):
-            batch[j].state = SHM_OP_RUNNING  # informational: only DONE is waited for
         self.background = background
         if k == 1:
             rc = (<_exec_unchecked_t>_exec_entry)(self, o)
@@ -605,12 +630,15 @@ cdef class Communicator:
         elif rc > 1:
             self.fused_calls += rc
         self.published = False
-        for j in range(k):  # (release: results and the error are visible to whoever sees DONE)
-            capi.shm_store_release(&batch[j].state, SHM_OP_DONE if j < rc else SHM_OP_QUEUED)
-        capi.shm_engine_release(&self.engine, SHM_CLAIM_OWN, rc)
+        # Ops j >= rc stay queued. Once DONE is visible a waiter may free an op, so whether its
+        # Future is ours to settle is learnt in the same RMW (a wanted one is pinned, see calls.pxi).
         for j in range(rc):
-            if capi.shm_load_acquire(&batch[j].has_future):
-                _settle_future(batch[j])
+            if capi.shm_op_mark(&batch[j].state, SHM_OP_DONE) & SHM_OP_FUTURE_WANTED:
+                batch[settle] = batch[j]
+                settle += 1
+        capi.shm_engine_release(&self.engine, SHM_CLAIM_OWN, rc)
+        for j in range(settle):
+            _settle_future(batch[j])
 
     # ---- the engine ---------------------------------------------------------------------------
     cdef int _drive(self, op_t *target, double timeout) except -1 nogil:
@@ -632,13 +660,13 @@ cdef class Communicator:
                 head = capi.shm_engine_claim(&self.engine)
                 if head != NULL:
                     self._run_queued(<op_t *>head, False)
-                if capi.shm_load_acquire(&target.state) == SHM_OP_DONE:
+                if capi.shm_op_done(&target.state):
                     return 0
             capi.shm_fetch_add(&self.engine.drivers, 1)
         try:
             while True:
                 if target != NULL:
-                    if capi.shm_load_acquire(&target.state) == SHM_OP_DONE:
+                    if capi.shm_op_done(&target.state):
                         break
                 else:
                     claim = capi.shm_engine_claim_inline(&self.engine)
@@ -846,26 +874,58 @@ cdef class Communicator:
     # ---- shared arrays ------------------------------------------------------------------------
     def alloc_shared(self, size_t nbytes_per_rank):
         """Collectively map one new segment holding `nbytes_per_rank` bytes per rank (page aligned);
-        returns (Segment, stride). Rank 0 creates it, the others attach, rank 0 unlinks it."""
+        returns (Segment, stride). Rank 0 creates it, the others attach, rank 0 unlinks it.
+
+        The segment starts with a header page (magic, a random nonce, the job's tag) that the
+        Segment's buffer leaves out; rank 0 also publishes the nonce in its descriptor, which
+        lives in the trusted group segment, so a file planted under the heap's name (even one
+        of ours, from another job) is refused, never mapped as this group's memory."""
         from shmcomm.segments import segment_name
         cdef size_t stride = _align_up(max(nbytes_per_rank, 1), 4096)
+        cdef size_t total = SHM_HEADER_BYTES + stride * self.size
         cdef Segment seg = None
+        cdef capi.shm_heap_header_t *hh
+        cdef uint64_t nonce = 0
         cdef _Call call = self._open(False)
         try:
             self._begin(b"empty")
             self.heap_count += 1
-            name = segment_name(self.job, f"{self.part}.h{self.heap_count}")
+            part = f"{self.part}.h{self.heap_count}"
+            name = segment_name(self.job, part)
+            tag = self.creds.tag(self.job, part)
             if self.rank == 0:
-                seg = Segment.create(name, stride * self.size)
+                try:
+                    seg = Segment.create(name, total)
+                except (ShmcommError, OSError) as e:
+                    self.abort()  # peers would otherwise wait for this step until their timeout
+                    raise self._fail(e) from None
+                hh = <capi.shm_heap_header_t *>seg.base
+                nonce = int.from_bytes(os.urandom(8), "little")
+                hh.nonce = nonce
+                memcpy(hh.tag, <char *>tag, 32)
+                hh.magic = SHM_HEAP_MAGIC
             self._set_desc(K_ALLOC, 0, nbytes_per_rank, 0, 0)
+            self.cb(self.rank).desc[(self.step + 1) & 1][7] = nonce  # not compared by _check_desc
             try:
                 with nogil:
                     self._step()
                     self._check_desc()
                 if self.rank != 0:
-                    seg = Segment.attach(name)
-                    if seg is None or seg.size != stride * self.size:
-                        raise self._fail(ShmcommError(f"empty: cannot attach shared array segment {name}"))
+                    try:
+                        seg = Segment.attach(name)
+                    except ShmcommError as e:
+                        self.abort()
+                        raise self._fail(e) from None
+                    hh = <capi.shm_heap_header_t *>seg.base if seg is not None else NULL
+                    if hh == NULL or seg.size != total or hh.magic != SHM_HEAP_MAGIC \
+                            or hh.nonce != self.cb(0).desc[self.step & 1][7] \
+                            or (<char *>hh.tag)[:32] != tag:
+                        from shmcomm.trust import UntrustedFileError
+                        self.abort()
+                        raise self._fail(UntrustedFileError(
+                            f"empty: shared array segment /dev/shm{name} is missing or is not the one "
+                            f"rank 0 of job {self.job!r} created (size, nonce or tag differ)"))
+                seg.data_offset = SHM_HEADER_BYTES
                 with nogil:
                     self._step()
             finally:
@@ -885,7 +945,7 @@ cdef class Communicator:
             seg = ref()
             if seg is None:
                 continue
-            lo = seg.base + self.rank * <size_t>stride
+            lo = seg.base + seg.data_offset + self.rank * <size_t>stride
             if lo <= ptr and ptr + nbytes <= lo + <size_t>stride:
                 off[0] = ptr - lo
                 stride_out[0] = stride
@@ -1104,7 +1164,7 @@ cdef void _settle_future(op_t *o) noexcept nogil:
     if capi.shm_fetch_add(&o.future_taken, 1) != 0:
         return
     with gil:
-        call = <_Call>o.call
+        call = <_Call>o.call  # a reference: dropping the pin below cannot free it under us
         try:
             if call.error is not None:
                 call.future.set_exception(call.error)
@@ -1112,3 +1172,5 @@ cdef void _settle_future(op_t *o) noexcept nogil:
                 call.future.set_result(call.results())
         except BaseException as exc:  # noqa: BLE001 - see the docstring
             _fut_log_callback_error(call.future, exc)
+        finally:
+            call.pin = None

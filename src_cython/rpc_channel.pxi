@@ -96,10 +96,10 @@ cdef class RpcChannel:
 
     def __init__(self, Communicator comm not None, Segment seg not None, size_t stride, int lane,
                  size_t ring_bytes):
-        if seg.size < comm.size * stride or stride < RPC_BELLS_BYTES + (lane + 1) * comm.size * (
+        if seg.size - seg.data_offset < comm.size * stride or stride < RPC_BELLS_BYTES + (lane + 1) * comm.size * (
                 SHM_RING_CTRL_BYTES + ring_bytes):
             raise ValueError("segment too small for this channel")
-        self.comm, self.seg, self.base, self.stride = comm, seg, seg.base, stride
+        self.comm, self.seg, self.base, self.stride = comm, seg, seg.base + seg.data_offset, stride
         self.ring_bytes, self.ring_stride = ring_bytes, SHM_RING_CTRL_BYTES + ring_bytes
         self.lane, self.rank, self.size = lane, comm.rank, comm.size
         self.locks = [threading.Lock() for _ in range(comm.size)]

@@ -2,8 +2,11 @@
 #
 # Created with O_EXCL and mode 0600, space reserved up front with posix_fallocate (a full /dev/shm
 # is a clear error at start-up, not a SIGBUS mid-run), unlinked as soon as every rank has attached:
-# the mapping outlives the name, so a crash later cannot leak it. Exposes the buffer protocol so
-# numpy arrays can view it (sc.empty) while keeping the mapping alive.
+# the mapping outlives the name, so a crash later cannot leak it. Attached only after
+# shmcomm.trust.check_file: a file another user planted under the name (or a symlink, a hard link,
+# a wrong mode) is refused at once. Whether it is this *job's* segment is the caller's check (the
+# header's tag). Exposes the buffer protocol so numpy arrays can view it (sc.empty) while keeping
+# the mapping alive; `data_offset` bytes of header at the start are left out of that view.
 from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_FillInfo
 from libc.errno cimport EEXIST, ENOENT, ENOSPC, errno
 from libc.string cimport memset, strerror
@@ -23,6 +26,7 @@ cdef class Segment:
     cdef readonly str name
     cdef bint unlinked
     cdef int owner_pid
+    cdef readonly size_t data_offset  # the buffer protocol exposes [data_offset, size)
     cdef object __weakref__
 
     def __cinit__(self):
@@ -30,6 +34,7 @@ cdef class Segment:
         self.size = 0
         self.unlinked = True
         self.owner_pid = os.getpid()
+        self.data_offset = 0
 
     @staticmethod
     cdef Segment create(str name, size_t size):
@@ -39,11 +44,13 @@ cdef class Segment:
         if fd < 0:
             err = errno
             if err == EEXIST:
+                _refuse_if_foreign(name)
                 raise FileExistsError(err, _os_error_text(err), name)
             raise ShmcommError(f"cannot create shared segment {name}: {_os_error_text(err)}")
         cdef Segment seg = Segment.__new__(Segment)
         seg.name = name
         seg.unlinked = False
+        os.fchmod(fd, 0o600)  # exactly 0600 whatever the umask: attach checks the mode
         rc = ftruncate(fd, size)
         if rc == 0:
             rc = capi.posix_fallocate(fd, 0, size)  # returns the error number itself
@@ -63,14 +70,17 @@ cdef class Segment:
 
     @staticmethod
     cdef Segment attach(str name):
-        """Map an existing ``name``; returns None when it does not exist (yet)."""
-        cdef bytes bname = name.encode()
-        cdef int fd = capi.shm_open(bname, capi.O_RDWR, 0)
+        """Map an existing ``name`` of ours; returns None when it does not exist (yet). A file
+        that is not ours raises UntrustedFileError (shmcomm.trust.check_file)."""
+        from shmcomm.trust import open_checked
+        cdef int fd
+        try:
+            fd = open_checked("/dev/shm" + name, os.O_RDWR)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise ShmcommError(f"cannot open shared segment {name}: {e.strerror}") from None
         cdef capi.stat st
-        if fd < 0:
-            if errno == ENOENT:
-                return None
-            raise ShmcommError(f"cannot open shared segment {name}: {_os_error_text(errno)}")
         if capi.fstat(fd, &st) != 0 or st.st_size <= 0:
             close(fd)
             return None  # creator has not sized it yet
@@ -108,7 +118,8 @@ cdef class Segment:
         return self.size
 
     def __getbuffer__(self, Py_buffer *view, int flags):
-        PyBuffer_FillInfo(view, self, self.base, self.size, 0, flags)
+        PyBuffer_FillInfo(view, self, self.base + self.data_offset, self.size - self.data_offset,
+                          0, flags)
 
     def __releasebuffer__(self, Py_buffer *view):
         pass
@@ -120,6 +131,18 @@ cdef class Segment:
         if self.base != NULL:
             capi.munmap(self.base, self.size)
             self.base = NULL
+
+
+cdef _refuse_if_foreign(str name):
+    """Creating ``name`` failed with EEXIST: raise UntrustedFileError at once if the file in the
+    way is not ours (it can never become a segment of this job, so waiting would only hang)."""
+    from shmcomm.trust import UntrustedFileError, open_checked
+    try:
+        os.close(open_checked("/dev/shm" + name, os.O_RDONLY))
+    except UntrustedFileError:
+        raise
+    except OSError:
+        pass  # gone meanwhile: the caller's EEXIST handling retries
 
 
 def _shm_free_bytes():

@@ -26,7 +26,22 @@
 
 #include "shm_sync.h"
 
-enum { SHM_OP_QUEUED = 0, SHM_OP_RUNNING = 1, SHM_OP_DONE = 2 };
+/* An op's state word: QUEUED, then DONE (stored by one RMW); FUTURE_WANTED is or-ed in by
+ * Work.get_future(). Whichever of the two RMWs comes second sees the other's bit and settles the
+ * Future, so the thread completing an op never reads it after DONE unless a Future was wanted
+ * (and then the op's _Call pins itself until the Future is settled): once DONE is visible the
+ * waiter may free the op. */
+enum { SHM_OP_QUEUED = 0, SHM_OP_DONE = 1, SHM_OP_FUTURE_WANTED = 2 };
+
+static inline int shm_op_done(const uint32_t *state) {
+    return (__atomic_load_n(state, __ATOMIC_ACQUIRE) & SHM_OP_DONE) != 0;
+}
+
+/* Or `bit` into an op's state; returns the state before (acq_rel: results written before a DONE
+ * are visible to whoever sees it, and the DONE side sees the want). */
+static inline uint32_t shm_op_mark(uint32_t *state, uint32_t bit) {
+    return __atomic_fetch_or(state, bit, __ATOMIC_ACQ_REL);
+}
 enum { SHM_CLAIM_NONE = 0, SHM_CLAIM_OWN = 1, SHM_CLAIM_NESTED = 2 };
 
 /* Queued ops per group at most: a fixed ring, so the thread holding the engine reads it without a

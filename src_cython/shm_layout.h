@@ -10,7 +10,8 @@
 #include <string.h>
 
 #define SHM_MAGIC 0x006D6D6F636D6873ull /* "shmcomm\0" */
-#define SHM_VERSION 3u
+#define SHM_VERSION 4u
+#define SHM_HEAP_MAGIC 0x0070616568636873ull /* "shcheap\0" */
 #define SHM_HEADER_BYTES 4096
 #define SHM_CB_BYTES 512
 #define SHM_RING_CTRL_BYTES 256
@@ -35,7 +36,16 @@ typedef struct {
     char hostname[64];       /* 256 */
     uint64_t small_bytes;    /* 320: thresholds every rank must share (rank 0's settings win) */
     uint64_t cma_bytes;      /* 328 */
+    uint8_t tag[32];         /* 336: the job's tag (shmcomm.trust.Credentials.tag): whose segment this is */
+    uint32_t self_made;      /* 368: the creator made its secret up (ranks started by hand) */
 } shm_header_t;
+
+/* Header page of an sc.empty / RPC heap segment; the ranks' data follows at SHM_HEADER_BYTES. */
+typedef struct {
+    uint64_t magic;          /* 0: SHM_HEAP_MAGIC */
+    uint64_t nonce;          /* 8: random; rank 0 also publishes it in its (trusted) descriptor */
+    uint8_t tag[32];         /* 16: the job's tag for this heap's name */
+} shm_heap_header_t;
 
 /* One rank's control block: each group of fields on its own 128-byte line. */
 typedef struct {
@@ -47,7 +57,10 @@ typedef struct {
     uint32_t cma_ok;         /* 24: this rank can read every peer's memory (set after the probe) */
     uint32_t withdrawn;      /* 28: set once an op of this rank failed: its published addresses are void */
     uint32_t cma_users;      /* 32: peers copying from/to this rank's memory right now (the lease) */
-    char pad0[92];
+    uint32_t pad_a;          /* 36 */
+    uint64_t start_time;     /* 40: this process's start time (/proc/PID/stat field 22): peers check
+                                that `pid` is still the process that registered */
+    char pad0[80];
     uint64_t desc[2][SHM_DESC_WORDS]; /* 128: what collective this rank called, by step parity */
     uint32_t bell;           /* 256: rung when a ring to or from this rank moves (futex word) */
     uint32_t bell_waiters;   /* 260 */
@@ -77,6 +90,7 @@ static inline void shm_ring_get(char *dst, const char *data, size_t cap, uint64_
 }
 
 _Static_assert(sizeof(shm_header_t) <= SHM_HEADER_BYTES, "header too large");
+_Static_assert(sizeof(shm_heap_header_t) <= SHM_HEADER_BYTES, "heap header too large");
 _Static_assert(sizeof(shm_cb_t) == SHM_CB_BYTES, "control block size");
 _Static_assert(sizeof(shm_ring_t) == SHM_RING_CTRL_BYTES, "ring control size");
 

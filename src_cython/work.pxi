@@ -140,9 +140,9 @@ cdef class Work(_Call):
         if self.future is not None:
             return self.future
         self.future = Future()
-        capi.shm_store_seq_cst(&self.o.has_future, 1)
-        if self.done():  # completed before the flag was seen: settle it here (once)
-            with nogil:
+        self.pin = self  # alive until settled, even if the caller drops this Work (calls.pxi)
+        if capi.shm_op_mark(&self.o.state, SHM_OP_FUTURE_WANTED) & SHM_OP_DONE:
+            with nogil:  # completed before the want was seen: settle it here
                 _settle_future(&self.o)
         return self.future
 

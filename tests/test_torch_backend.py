@@ -177,9 +177,10 @@ def test_ranks_on_other_hosts_are_refused():
 @pytest.mark.timeout(30)
 def test_rendezvous_names_each_incarnation_apart():
     store = dist.HashStore()
-    first = shm_torch._rendezvous(store, 0, 1, "0")
-    second = shm_torch._rendezvous(store, 0, 1, "0")
+    first, first_secret = shm_torch._rendezvous(store, 0, 1, "0")
+    second, second_secret = shm_torch._rendezvous(store, 0, 1, "0")
     assert first != second and first.startswith("torch-0-")
+    assert first_secret != second_secret and len(first_secret) == 32
 
 
 # ---- DDP ---------------------------------------------------------------------------------------
