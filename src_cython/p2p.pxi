@@ -86,6 +86,7 @@ cdef class _SendOp:
     cdef object owner
     cdef char *ptr
     cdef size_t total      # header + payload
+    cdef size_t nbytes     # payload
     cdef size_t done
     cdef unsigned char header[48]
     cdef uint64_t deadline
@@ -172,6 +173,7 @@ cdef class P2PEngine:
         op.owner = as_buf(array, &b, False, "array")
         self._check_peer(dst, "dst")
         op.future, op.ptr, op.total, op.done, op.dst = future, b.ptr, MSG_HEADER_BYTES + b.nbytes, 0, dst
+        op.nbytes = b.nbytes
         kind = MSG_DATA
         if self._single_copy(b.nbytes, dst):
             kind, op.total, op.waits_for_ack = MSG_CMA, MSG_HEADER_BYTES, True
@@ -543,6 +545,10 @@ cdef class P2PEngine:
         cdef char *local
         if op is None:  # the send already failed here (timeout, abort): tell the receiver
             self._send_control(dst, MSG_PUSHED, req.msg_id, 5)  # EIO
+            return
+        if req.tag < 0 or <size_t>req.tag > op.nbytes or n > op.nbytes - <size_t>req.tag:
+            # read from the ring, so never trusted: only the message's own bytes are ever sent
+            self._send_control(dst, MSG_PUSHED, req.msg_id, 22)  # EINVAL
             return
         local = op.ptr + req.tag
         with nogil:

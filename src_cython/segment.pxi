@@ -72,12 +72,14 @@ cdef class Segment:
     cdef Segment attach(str name):
         """Map an existing ``name`` of ours; returns None when it does not exist (yet). A file
         that is not ours raises UntrustedFileError (shmcomm.trust.check_file)."""
-        from shmcomm.trust import open_checked
+        from shmcomm.trust import UntrustedFileError, open_checked
         cdef int fd
         try:
             fd = open_checked("/dev/shm" + name, os.O_RDWR)
         except FileNotFoundError:
             return None
+        except UntrustedFileError:
+            raise
         except OSError as e:
             raise ShmcommError(f"cannot open shared segment {name}: {e.strerror}") from None
         cdef capi.stat st
