@@ -70,7 +70,6 @@ ctypedef struct op_t:
     bint overlap           # all_to_all_single: output and input overlap (in place)
     uint32_t state         # SHM_OP_* bits (shm_engine.h): DONE once results are in place,
                            # FUTURE_WANTED once a Future was handed out
-    uint32_t future_taken  # whoever sets this first completes the Future
     PyObject *call         # the owning _Call (borrowed: the group's in-flight list holds it)
 
 
@@ -129,7 +128,6 @@ cdef class _Call:
         self.o.heap = self.o.heap_off = self.o.heap_stride = 0
         self.o.uniform = self.o.overlap = False
         self.o.state = SHM_OP_QUEUED
-        self.o.future_taken = 0
 
     cdef list results(self):
         return [self.outputs] if self.one_output else self.outputs

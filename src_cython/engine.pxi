@@ -1158,11 +1158,10 @@ cdef const char *_kind_cname(int kind) noexcept nogil:
 
 
 cdef void _settle_future(op_t *o) noexcept nogil:
-    """Complete the Future handed out for ``o`` (once, by whoever gets here first), with the GIL.
+    """Complete the Future handed out for ``o``, with the GIL; called once, by the side whose
+    shm_op_mark saw the other's bit (the completer or Work.get_future).
     Callbacks run here; an error escaping one (SystemExit included) is logged, never allowed to
     end the thread that runs the group's ops."""
-    if capi.shm_fetch_add(&o.future_taken, 1) != 0:
-        return
     with gil:
         call = <_Call>o.call  # a reference: dropping the pin below cannot free it under us
         try:
