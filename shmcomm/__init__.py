@@ -20,7 +20,6 @@ from shmcomm.errors import (  # noqa: F401
     ShmcommError,
     UntrustedFileError,
 )
-from shmcomm.ops import ReduceOp  # noqa: F401
 from shmcomm.trust import ensure_inherited_secret
 
 # Processes this one starts (multiprocessing, subprocess) inherit the secret and so can prove
@@ -36,6 +35,7 @@ else:
 
 if _CORE_ERROR is None:
     from shmcomm._core import Future, collect_all, wait_all  # noqa: F401
+    from shmcomm.ops import ReduceOp  # noqa: F401
     from shmcomm.work import Work  # noqa: F401
     from shmcomm.group import (  # noqa: F401
         ProcessGroup,

@@ -132,6 +132,23 @@ def _cpu_features() -> list[str]:
     return []
 
 
+def _kernel_level() -> str:
+    """The reduction kernels' SIMD level in use, the levels this CPU runs, and why (SHMCOMM_SIMD)."""
+    try:
+        from shmcomm import _core
+    except ImportError as exc:
+        return f"unknown (the compiled core does not import: {exc})"
+    _core._choose_simd_level()
+    level, levels = _core.simd_level(), ", ".join(_core.simd_levels())
+    try:
+        _core.check_simd_setting()
+    except ValueError as exc:
+        return f"{level}; {exc}"
+    forced = os.environ.get("SHMCOMM_SIMD", "").strip()
+    why = f"forced by SHMCOMM_SIMD={forced}" if forced and forced != "auto" else "the best this CPU runs"
+    return f"{level} ({why}; runs: {levels})"
+
+
 def _compiler_of(path: str) -> str | None:
     # Compilers record themselves in the ELF .comment section; finding the string is enough.
     try:
@@ -195,6 +212,7 @@ def info_lines() -> list[tuple[str, str]]:
              ("platform", f"{platform.system()} {platform.release()} {platform.machine()}")]
     lines += _build_lines()
     lines.append(("simd", " ".join(_cpu_features()) or "none detected"))
+    lines.append(("kernels", _kernel_level()))
     try:
         usable = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):

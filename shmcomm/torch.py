@@ -73,9 +73,7 @@ else:  # pragma: no cover - CPU wheels of every supported platform ship torch.di
 
 # Dtypes the compiled core reduces and moves natively; any other dtype (float8, complex32, ...)
 # is moved as raw bytes by the data-movement collectives and refused by the reducing ones.
-_NATIVE = frozenset(getattr(torch, name) for name in (
-    "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64", "float16",
-    "bfloat16", "float32", "float64", "complex64", "complex128") if hasattr(torch, name))
+_NATIVE = frozenset(getattr(torch, name) for name in _core.DTYPE_NAMES if hasattr(torch, name))
 
 # Complex tensors may be lazy conjugate views: they take the checked path (`_stage`).
 _FAST = _NATIVE - {getattr(torch, "complex64", None), getattr(torch, "complex128", None)}

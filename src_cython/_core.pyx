@@ -5,6 +5,7 @@ The module is one extension built from the files included below, one concept per
 mpi4py does). The pure-Python package ``shmcomm`` is the public face; nothing here is meant to be
 imported directly except through it.
 """
+import enum
 import os
 import socket
 import sys
@@ -22,6 +23,7 @@ include "errors.pxi"
 include "future.pxi"
 include "segment.pxi"
 include "buffers.pxi"
+include "kernels.pxi"
 include "settings.pxi"
 include "calls.pxi"
 include "engine.pxi"

@@ -15,31 +15,36 @@ ctypedef struct buf_t:
 # dtype code by numpy dtype; filled lazily since dtype objects hash quickly.
 cdef dict _dtype_codes = {}
 
-DTYPE_NAMES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
-               "float16", "bfloat16", "float32", "float64", "longdouble", "complex64",
-               "complex128", "clongdouble")
+
+cdef object _dtype_key(object dt):
+    """How the table finds a numpy dtype: (kind, itemsize) for numpy's own numbers (so int64 and
+    longlong, both 8-byte signed integers, are one entry), the name for extension types
+    (ml_dtypes' bfloat16)."""
+    return (dt.kind, dt.itemsize) if dt.kind in "biufc" else dt.name
+
+
+cdef dict _table_codes():
+    """Code by dtype key, for every dtype of the table (shm_dtypes.h) whose C size numpy agrees with."""
+    codes = {}
+    for code, name in enumerate(DTYPE_NAMES):
+        try:
+            dt = np.dtype(name)
+        except TypeError:  # bfloat16: numpy has none of its own
+            codes.setdefault(name, code)
+            continue
+        if dt.itemsize == shm_dtype_itemsizes[code]:
+            codes.setdefault(_dtype_key(dt), code)
+    return codes
+
+
+cdef dict _codes_by_key = None  # built at first use: DTYPE_NAMES comes from kernels.pxi
 
 
 cdef int _dtype_code_slow(object dt) except -2:
-    cdef str kind = dt.kind
-    cdef int size = dt.itemsize
-    if kind == "b":
-        return SHM_BOOL
-    if kind == "i":
-        return {1: SHM_INT8, 2: SHM_INT16, 4: SHM_INT32, 8: SHM_INT64}.get(size, -1)
-    if kind == "u":
-        return {1: SHM_UINT8, 2: SHM_UINT16, 4: SHM_UINT32, 8: SHM_UINT64}.get(size, -1)
-    if kind == "f":
-        if size > 8 and dt == np.dtype(np.longdouble):
-            return SHM_LONGDOUBLE
-        return {2: SHM_FLOAT16, 4: SHM_FLOAT32, 8: SHM_FLOAT64}.get(size, -1)
-    if kind == "c":
-        if size > 16 and dt == np.dtype(np.clongdouble):
-            return SHM_CLONGDOUBLE
-        return {8: SHM_COMPLEX64, 16: SHM_COMPLEX128}.get(size, -1)
-    if dt.name == "bfloat16" and size == 2:  # ml_dtypes
-        return SHM_BFLOAT16
-    return -1
+    global _codes_by_key
+    if _codes_by_key is None:
+        _codes_by_key = _table_codes()
+    return _codes_by_key.get(_dtype_key(dt), -1)
 
 
 cdef inline int dtype_code(object dt) except -2:

@@ -32,7 +32,6 @@ KINDS = {
     K_PYTHON: ("operation", ""),
 }
 KIND_NAMES = {k: v[0] for k, v in KINDS.items()}
-OP_NAMES = ("SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR")
 
 
 cdef str describe_call(const uint64_t *d):

@@ -112,13 +112,26 @@ cdef extern from "shm_copy.h" nogil:
     void shm_move_out(char *dst, const char *src, size_t n, int stream)
 
 
+cdef extern from "shm_dtypes.h" nogil:
+    # Only the codes the core names itself; the full lists come from the tables (shm_dtypes.h).
+    enum:
+        SHM_BOOL, SHM_BFLOAT16, SHM_NDTYPES
+    enum:
+        SHM_SUM, SHM_AVG, SHM_NOPS
+    const char *shm_dtype_names[]
+    const int shm_dtype_itemsizes[]
+    const char *shm_op_names[]
+
+
 cdef extern from "reduce_kernels.h" nogil:
     enum:
-        SHM_BOOL, SHM_INT8, SHM_UINT8, SHM_INT16, SHM_UINT16, SHM_INT32, SHM_UINT32, SHM_INT64
-        SHM_UINT64, SHM_FLOAT16, SHM_BFLOAT16, SHM_FLOAT32, SHM_FLOAT64, SHM_LONGDOUBLE
-        SHM_COMPLEX64, SHM_COMPLEX128, SHM_CLONGDOUBLE, SHM_NDTYPES
-    enum:
-        SHM_SUM, SHM_PRODUCT, SHM_MIN, SHM_MAX, SHM_AVG, SHM_BAND, SHM_BOR, SHM_BXOR, SHM_NOPS
+        SHM_SIMD_BASELINE, SHM_SIMD_NLEVELS
+    const char *shm_simd_names[]
+    int shm_simd_level
+    int shm_simd_runs(int level)
+    int shm_simd_best()
+    int shm_simd_code(const char *name)
+    int shm_reduce_at(int level, void *dst, const void *const *srcs, int n, size_t count, int dtype, int op)
     int shm_reduce(void *dst, const void *const *srcs, int n, size_t count, int dtype, int op)
     int shm_reduce_supported(int dtype, int op)
 

@@ -5,9 +5,9 @@
 # cost 0.3-0.6 us per call, more than the whole 8-byte broadcast between two ranks (0.36 us).
 from operator import index as _index
 
-from shmcomm.ops import ReduceOp as _ReduceOp, op_code as _op_code
-
-cdef object _SUM = _ReduceOp.SUM
+cdef object _ReduceOp = ReduceOp  # kernels.pxi
+cdef object _op_code = op_code
+cdef object _SUM = ReduceOp.SUM
 cdef object _default_group = None  # mirrors shmcomm.group's default group (set_default_group)
 
 

@@ -1,78 +1,35 @@
 /* Reduction kernels: dst[i] = op(src0[i], src1[i], ..., src{n-1}[i]), always in source order so
  * every rank that reduces the same inputs gets the same bits. dst may alias any source.
  *
+ * The kernels are written once, as the macros below, and compiled at several SIMD levels
+ * (reduce_level.h, once per level, each inside its own target region; never -march=native, so one
+ * build runs on every CPU of its architecture). shm_simd.h picks the level once, from the CPU or
+ * SHMCOMM_SIMD. The levels give the same bits: the element operations are the same IEEE
+ * operations in the same order (the build passes -ffp-contract=off, so no level fuses a multiply
+ * and an add), and the half-precision converters are exact (shm_half.h).
+ *
  * Work goes in blocks through an accumulator array in the accumulate type (float32 for float16 and
  * bfloat16, unsigned for integer sums so overflow wraps as in numpy); the simple inner loops let
- * the compiler vectorise at -O3.
+ * the compiler vectorize them for each level's instruction set. Only the float16 converters are
+ * written with intrinsics (F16C, NEON): compilers do not vectorize those conversions themselves.
  */
 #ifndef SHMCOMM_REDUCE_KERNELS_H
 #define SHMCOMM_REDUCE_KERNELS_H
 
-#include <complex.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
-enum {
-    SHM_BOOL, SHM_INT8, SHM_UINT8, SHM_INT16, SHM_UINT16, SHM_INT32, SHM_UINT32, SHM_INT64,
-    SHM_UINT64, SHM_FLOAT16, SHM_BFLOAT16, SHM_FLOAT32, SHM_FLOAT64, SHM_LONGDOUBLE,
-    SHM_COMPLEX64, SHM_COMPLEX128, SHM_CLONGDOUBLE, SHM_NDTYPES
-};
-enum { SHM_SUM, SHM_PRODUCT, SHM_MIN, SHM_MAX, SHM_AVG, SHM_BAND, SHM_BOR, SHM_BXOR, SHM_NOPS };
+#include "shm_dtypes.h"
+#include "shm_half.h"
+#include "shm_simd.h"
 
 #define SHM_BLOCK 512
 
-/* ---- half-precision conversions (round to nearest even, as numpy, torch and ml_dtypes do) ---- */
-static inline float shm_bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static inline uint16_t shm_f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-#if defined(__FLT16_MAX__)
-static inline float shm_f16_to_f32(uint16_t h) { _Float16 x; memcpy(&x, &h, 2); return (float)x; }
-static inline uint16_t shm_f32_to_f16(float f) { _Float16 x = (_Float16)f; uint16_t h; memcpy(&h, &x, 2); return h; }
-#else
-static inline float shm_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ffu, u;
-    if (exp == 0x1f) u = sign | 0x7f800000u | (man << 13);
-    else if (exp) u = sign | ((exp + 112) << 23) | (man << 13);
-    else if (!man) u = sign;
-    else { /* subnormal: normalise */
-        exp = 113;
-        while (!(man & 0x400u)) { man <<= 1; exp--; }
-        u = sign | (exp << 23) | ((man & 0x3ffu) << 13);
-    }
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static inline uint16_t shm_f32_to_f16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint32_t sign = (u >> 16) & 0x8000u, abs = u & 0x7fffffffu;
-    if (abs > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);
-    if (abs >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds to infinity */
-    if (abs < 0x38800000u) { /* subnormal or zero in half */
-        float a;
-        memcpy(&a, &abs, 4);
-        a += 0.5f; /* the addition rounds to nearest even at 2^-24 */
-        uint32_t r;
-        memcpy(&r, &a, 4);
-        return (uint16_t)(sign | (r - 0x3f000000u));
-    }
-    uint32_t mant_odd = (abs >> 13) & 1u;
-    abs += 0xc8000fffu + mant_odd; /* rebias exponent and round */
-    return (uint16_t)(sign | (abs >> 13));
-}
-#endif
+#define SHM_PASTE2_(a, b) shm_##a##_##b
+#define SHM_PASTE2(a, b) SHM_PASTE2_(a, b)
+#define SHM_PASTE3_(a, b, c) shm_##a##_##b##_##c
+#define SHM_PASTE3(a, b, c) SHM_PASTE3_(a, b, c)
 
 /* ---- element operations ---- */
 #define SHM_OP_SUM(a, b) ((a) + (b))
@@ -107,94 +64,132 @@ typedef void (*shm_kernel_t)(void *dst, const void *const *srcs, int n, size_t c
         }                                                                                         \
     }
 
-/* Integers: sums, products and bit ops in the unsigned type (wrap-around, no UB); min/max signed. */
-#define SHM_INT_KERNELS(P, T, U)                                                                  \
-    SHM_KERNEL(P##_sum, U, U, SHM_ID, SHM_ID, SHM_OP_SUM, SHM_ID)                                 \
-    SHM_KERNEL(P##_prod, U, U, SHM_ID, SHM_ID, SHM_OP_PROD, SHM_ID)                               \
-    SHM_KERNEL(P##_min, T, T, SHM_ID, SHM_ID, SHM_OP_MIN, SHM_ID)                                 \
-    SHM_KERNEL(P##_max, T, T, SHM_ID, SHM_ID, SHM_OP_MAX, SHM_ID)                                 \
-    SHM_KERNEL(P##_band, U, U, SHM_ID, SHM_ID, SHM_OP_BAND, SHM_ID)                               \
-    SHM_KERNEL(P##_bor, U, U, SHM_ID, SHM_ID, SHM_OP_BOR, SHM_ID)                                 \
-    SHM_KERNEL(P##_bxor, U, U, SHM_ID, SHM_ID, SHM_OP_BXOR, SHM_ID)
-#define SHM_INT_ROW(P) {P##_sum, P##_prod, P##_min, P##_max, NULL, P##_band, P##_bor, P##_bxor}
+/* 16-bit floats: each source's block is converted into float32 by the level's block converter
+ * LOADB, reduced in float32, and rounded once by STOREB. */
+#define SHM_HALF_KERNEL(NAME, LOADB, STOREB, OP, FINAL)                                           \
+    static void NAME(void *dst_, const void *const *srcs, int n, size_t count) {                 \
+        uint16_t *dst = (uint16_t *)dst_;                                                         \
+        float acc[SHM_BLOCK], in[SHM_BLOCK];                                                      \
+        const float n_as_acc = (float)n;                                                          \
+        (void)n_as_acc;                                                                           \
+        for (size_t base = 0; base < count; base += SHM_BLOCK) {                                  \
+            size_t m = count - base < SHM_BLOCK ? count - base : SHM_BLOCK;                       \
+            LOADB(acc, (const uint16_t *)srcs[0] + base, m);                                      \
+            for (int k = 1; k < n; k++) {                                                         \
+                LOADB(in, (const uint16_t *)srcs[k] + base, m);                                   \
+                for (size_t j = 0; j < m; j++) acc[j] = OP(acc[j], in[j]);                        \
+            }                                                                                     \
+            for (size_t j = 0; j < m; j++) acc[j] = FINAL(acc[j]);                                \
+            STOREB(dst + base, acc, m);                                                           \
+        }                                                                                         \
+    }
 
-SHM_INT_KERNELS(shm_i8, int8_t, uint8_t)
-SHM_INT_KERNELS(shm_u8, uint8_t, uint8_t)
-SHM_INT_KERNELS(shm_i16, int16_t, uint16_t)
-SHM_INT_KERNELS(shm_u16, uint16_t, uint16_t)
-SHM_INT_KERNELS(shm_i32, int32_t, uint32_t)
-SHM_INT_KERNELS(shm_u32, uint32_t, uint32_t)
-SHM_INT_KERNELS(shm_i64, int64_t, uint64_t)
-SHM_INT_KERNELS(shm_u64, uint64_t, uint64_t)
+/* Block converters in portable C, defined inside a level's region so the compiler vectorizes
+ * them for it. */
+#define SHM_PORTABLE_CONVERTERS(L, ID, TO_F32, FROM_F32)                                         \
+    static inline void SHM_PASTE3(L, load, ID)(float *acc, const uint16_t *s, size_t m) {        \
+        for (size_t j = 0; j < m; j++) acc[j] = TO_F32(s[j]);                                     \
+    }                                                                                             \
+    static inline void SHM_PASTE3(L, store, ID)(uint16_t *d, const float *acc, size_t m) {       \
+        for (size_t j = 0; j < m; j++) d[j] = FROM_F32(acc[j]);                                   \
+    }
 
-/* Booleans (one byte, 0 or 1): sum and max are "or", product and min are "and". */
-SHM_KERNEL(shm_b_or, uint8_t, uint8_t, SHM_ID, SHM_ID, SHM_OP_BOR, SHM_ID)
-SHM_KERNEL(shm_b_and, uint8_t, uint8_t, SHM_ID, SHM_ID, SHM_OP_BAND, SHM_ID)
-SHM_KERNEL(shm_b_xor, uint8_t, uint8_t, SHM_ID, SHM_ID, SHM_OP_BXOR, SHM_ID)
+/* ---- baseline: portable C, every CPU of the architecture ---- */
+#define SHM_L baseline
+#define SHM_LEVEL_IS_BASELINE
+SHM_PORTABLE_CONVERTERS(baseline, FLOAT16, shm_f16_to_f32, shm_f32_to_f16)
+SHM_PORTABLE_CONVERTERS(baseline, BFLOAT16, shm_bf16_to_f32, shm_f32_to_bf16)
+#include "reduce_level.h"
+#undef SHM_LEVEL_IS_BASELINE
+#undef SHM_L
 
-#define SHM_FLOAT_KERNELS(P, T, ACC, LOAD, STORE)                                                 \
-    SHM_KERNEL(P##_sum, T, ACC, LOAD, STORE, SHM_OP_SUM, SHM_ID)                                  \
-    SHM_KERNEL(P##_prod, T, ACC, LOAD, STORE, SHM_OP_PROD, SHM_ID)                                \
-    SHM_KERNEL(P##_min, T, ACC, LOAD, STORE, SHM_OP_MIN, SHM_ID)                                  \
-    SHM_KERNEL(P##_max, T, ACC, LOAD, STORE, SHM_OP_MAX, SHM_ID)                                  \
-    SHM_KERNEL(P##_avg, T, ACC, LOAD, STORE, SHM_OP_SUM, SHM_DIVN)
-#define SHM_FLOAT_ROW(P) {P##_sum, P##_prod, P##_min, P##_max, P##_avg, NULL, NULL, NULL}
+#if SHM_SIMD_X86
+/* ---- x86-64: AVX2 + FMA + F16C, then AVX-512 (F, BW, VL) ---- */
+#include <immintrin.h>
 
-SHM_FLOAT_KERNELS(shm_f16, uint16_t, float, shm_f16_to_f32, shm_f32_to_f16)
-SHM_FLOAT_KERNELS(shm_bf16, uint16_t, float, shm_bf16_to_f32, shm_f32_to_bf16)
-SHM_FLOAT_KERNELS(shm_f32, float, float, SHM_ID, SHM_ID)
-SHM_FLOAT_KERNELS(shm_f64, double, double, SHM_ID, SHM_ID)
-SHM_FLOAT_KERNELS(shm_f128, long double, long double, SHM_ID, SHM_ID)
+/* F16C converts 8 (AVX2) or 16 (AVX-512) halves per instruction; the tail goes through the
+ * portable converter, which gives the same bits. */
+#define SHM_F16C_CONVERTERS(L, W, VEC, HALFVEC, LOADH, STOREH, LOADF, STOREF, CVT_IN, CVT_OUT)   \
+    static inline void SHM_PASTE3(L, load, FLOAT16)(float *acc, const uint16_t *s, size_t m) {   \
+        size_t j = 0;                                                                             \
+        for (; j + W <= m; j += W) STOREF(acc + j, CVT_IN(LOADH((const HALFVEC *)(s + j))));      \
+        for (; j < m; j++) acc[j] = shm_f16_to_f32(s[j]);                                         \
+    }                                                                                             \
+    static inline void SHM_PASTE3(L, store, FLOAT16)(uint16_t *d, const float *acc, size_t m) {  \
+        size_t j = 0;                                                                             \
+        for (; j + W <= m; j += W)                                                                \
+            STOREH((HALFVEC *)(d + j), CVT_OUT(LOADF(acc + j), _MM_FROUND_TO_NEAREST_INT));       \
+        for (; j < m; j++) d[j] = shm_f32_to_f16(acc[j]);                                         \
+    }
 
-/* Complex numbers have no order: sum, product and average only. AVG divides each component. */
-#define SHM_COMPLEX_KERNELS(P, T, R)                                                              \
-    SHM_KERNEL(P##_sum, T, T, SHM_ID, SHM_ID, SHM_OP_SUM, SHM_ID)                                 \
-    SHM_KERNEL(P##_prod, T, T, SHM_ID, SHM_ID, SHM_OP_PROD, SHM_ID)                               \
-    SHM_KERNEL(P##_avg, T, T, SHM_ID, SHM_ID, SHM_OP_SUM, SHM_ID)
-#define SHM_COMPLEX_ROW(P) {P##_sum, P##_prod, NULL, NULL, P##_avg, NULL, NULL, NULL}
+SHM_TARGET_PUSH("avx2,fma,f16c")
+#define SHM_L avx2
+SHM_F16C_CONVERTERS(avx2, 8, __m256, __m128i, _mm_loadu_si128, _mm_storeu_si128, _mm256_loadu_ps,
+                    _mm256_storeu_ps, _mm256_cvtph_ps, _mm256_cvtps_ph)
+SHM_PORTABLE_CONVERTERS(avx2, BFLOAT16, shm_bf16_to_f32, shm_f32_to_bf16)
+#include "reduce_level.h"
+#undef SHM_L
+SHM_TARGET_POP
 
-SHM_COMPLEX_KERNELS(shm_c64, float _Complex, float)
-SHM_COMPLEX_KERNELS(shm_c128, double _Complex, double)
-SHM_COMPLEX_KERNELS(shm_c256, long double _Complex, long double)
+SHM_TARGET_PUSH("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+#define SHM_L avx512
+SHM_F16C_CONVERTERS(avx512, 16, __m512, __m256i, _mm256_loadu_si256, _mm256_storeu_si256,
+                    _mm512_loadu_ps, _mm512_storeu_ps, _mm512_cvtph_ps, _mm512_cvtps_ph)
+SHM_PORTABLE_CONVERTERS(avx512, BFLOAT16, shm_bf16_to_f32, shm_f32_to_bf16)
+#include "reduce_level.h"
+#undef SHM_L
+SHM_TARGET_POP
+#endif
 
-static const shm_kernel_t shm_kernels[SHM_NDTYPES][SHM_NOPS] = {
-    [SHM_BOOL] = {shm_b_or, shm_b_and, shm_b_and, shm_b_or, NULL, shm_b_and, shm_b_or, shm_b_xor},
-    [SHM_INT8] = SHM_INT_ROW(shm_i8),
-    [SHM_UINT8] = SHM_INT_ROW(shm_u8),
-    [SHM_INT16] = SHM_INT_ROW(shm_i16),
-    [SHM_UINT16] = SHM_INT_ROW(shm_u16),
-    [SHM_INT32] = SHM_INT_ROW(shm_i32),
-    [SHM_UINT32] = SHM_INT_ROW(shm_u32),
-    [SHM_INT64] = SHM_INT_ROW(shm_i64),
-    [SHM_UINT64] = SHM_INT_ROW(shm_u64),
-    [SHM_FLOAT16] = SHM_FLOAT_ROW(shm_f16),
-    [SHM_BFLOAT16] = SHM_FLOAT_ROW(shm_bf16),
-    [SHM_FLOAT32] = SHM_FLOAT_ROW(shm_f32),
-    [SHM_FLOAT64] = SHM_FLOAT_ROW(shm_f64),
-    [SHM_LONGDOUBLE] = SHM_FLOAT_ROW(shm_f128),
-    [SHM_COMPLEX64] = SHM_COMPLEX_ROW(shm_c64),
-    [SHM_COMPLEX128] = SHM_COMPLEX_ROW(shm_c128),
-    [SHM_CLONGDOUBLE] = SHM_COMPLEX_ROW(shm_c256),
+#if SHM_SIMD_ARM
+/* ---- AArch64: NEON (always present) with its native float16 conversions ---- */
+#include <arm_neon.h>
+
+static inline void shm_neon_load_FLOAT16(float *acc, const uint16_t *s, size_t m) {
+    size_t j = 0;
+    for (; j + 4 <= m; j += 4) vst1q_f32(acc + j, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(s + j))));
+    for (; j < m; j++) acc[j] = shm_f16_to_f32(s[j]);
+}
+static inline void shm_neon_store_FLOAT16(uint16_t *d, const float *acc, size_t m) {
+    size_t j = 0;
+    for (; j + 4 <= m; j += 4) vst1_u16(d + j, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(acc + j))));
+    for (; j < m; j++) d[j] = shm_f32_to_f16(acc[j]);
+}
+#define SHM_L neon
+SHM_PORTABLE_CONVERTERS(neon, BFLOAT16, shm_bf16_to_f32, shm_f32_to_bf16)
+#include "reduce_level.h"
+#undef SHM_L
+#endif
+
+/* Every level's table, by level code; NULL for levels of another architecture. */
+static const shm_kernel_t (*const shm_kernel_tables[SHM_SIMD_NLEVELS])[SHM_NOPS] = {
+    [SHM_SIMD_BASELINE] = shm_kernels_baseline,
+#if SHM_SIMD_X86
+    [SHM_SIMD_AVX2] = shm_kernels_avx2,
+    [SHM_SIMD_AVX512] = shm_kernels_avx512,
+#endif
+#if SHM_SIMD_ARM
+    [SHM_SIMD_NEON] = shm_kernels_neon,
+#endif
 };
 
-/* Complex AVG: divide real and imaginary parts by n (a complex division would round differently). */
-static inline void shm_complex_avg_fix(int dtype, void *dst, int n, size_t count) {
-    if (dtype == SHM_COMPLEX64) { float *p = (float *)dst; for (size_t i = 0; i < 2 * count; i++) p[i] /= (float)n; }
-    else if (dtype == SHM_COMPLEX128) { double *p = (double *)dst; for (size_t i = 0; i < 2 * count; i++) p[i] /= (double)n; }
-    else if (dtype == SHM_CLONGDOUBLE) { long double *p = (long double *)dst; for (size_t i = 0; i < 2 * count; i++) p[i] /= (long double)n; }
-}
-
 static inline int shm_reduce_supported(int dtype, int op) {
-    return dtype >= 0 && dtype < SHM_NDTYPES && op >= 0 && op < SHM_NOPS && shm_kernels[dtype][op] != NULL;
+    return dtype >= 0 && dtype < SHM_NDTYPES && op >= 0 && op < SHM_NOPS &&
+           shm_kernels_baseline[dtype][op] != NULL;
 }
 
-/* Returns 0, or -1 for an unsupported (dtype, op) pair (the caller validates first). */
-static inline int shm_reduce(void *dst, const void *const *srcs, int n, size_t count, int dtype, int op) {
+/* Reduces with the kernels of `level` (which the caller checked with shm_simd_runs). Returns 0,
+ * or -1 for an unsupported (dtype, op) pair (the caller validates first). */
+static inline int shm_reduce_at(int level, void *dst, const void *const *srcs, int n, size_t count,
+                                int dtype, int op) {
     if (!shm_reduce_supported(dtype, op)) return -1;
-    if (count == 0) return 0;
-    shm_kernels[dtype][op](dst, srcs, n, count);
-    if (op == SHM_AVG && dtype >= SHM_COMPLEX64) shm_complex_avg_fix(dtype, dst, n, count);
+    if (count) shm_kernel_tables[level][dtype][op](dst, srcs, n, count);
     return 0;
+}
+
+/* Reduces with the level chosen at start-up (shm_simd_choose). */
+static inline int shm_reduce(void *dst, const void *const *srcs, int n, size_t count, int dtype, int op) {
+    return shm_reduce_at(shm_simd_level, dst, srcs, n, count, dtype, op);
 }
 
 #endif

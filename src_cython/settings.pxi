@@ -40,8 +40,9 @@ def _last_level_cache_bytes():
                 text = f.read().strip()
         except OSError:
             continue
-        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-        digits = text[:-1] if scale != 1 else text
+        # (no negative indices: this module is compiled with wraparound=False)
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[len(text) - 1:], 1)
+        digits = text[:len(text) - 1] if scale != 1 else text
         if digits.isdigit():
             best = max(best, int(digits) * scale)
     _llc_bytes = best or 32 << 20
@@ -56,6 +57,8 @@ def group_settings(int size):
         >>> group_settings(2)["slot_bytes"] >= 4096
         True
     """
+    _choose_simd_level()
+    check_simd_setting()
     usable = len(os.sched_getaffinity(0))
     fits = size <= usable
     return {

@@ -13,11 +13,13 @@ try:
 except ImportError:  # pragma: no cover - ml_dtypes is a test dependency
     BFLOAT16 = None
 
-DTYPES = [np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64,
-          np.float16, np.float32, np.float64, np.longdouble, np.complex64, np.complex128, np.clongdouble]
-DTYPES = [np.dtype(d) for d in DTYPES] + ([BFLOAT16] if BFLOAT16 is not None else [])
+from shmcomm._core import DTYPE_NAMES, OP_NAMES  # the kernels' table: what to cover, not what to expect
 
-OPS = ["SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR"]
+# Every dtype of the table, as numpy dtypes (bfloat16 through ml_dtypes).
+DTYPES = [BFLOAT16 if name == "bfloat16" else np.dtype(name) for name in DTYPE_NAMES
+          if name != "bfloat16" or BFLOAT16 is not None]
+
+OPS = list(OP_NAMES)
 
 
 def ops_for(dtype: np.dtype) -> list[str]:

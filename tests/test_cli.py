@@ -81,6 +81,9 @@ def test_info():
     assert m, res.stdout
     assert re.search(r"^cores:\s+\d+ usable of \d+$", res.stdout, re.M)
     assert re.search(r"^simd:\s+\S", res.stdout, re.M)
+    from shmcomm import _core
+    best = _core.simd_levels()[-1]
+    assert re.search(rf"^kernels:\s+{best} \(the best this CPU runs; runs: baseline", res.stdout, re.M)
 
 
 @pytest.mark.timeout(30)

@@ -147,6 +147,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--target-time and --timeout must be positive")
     if args.op == "avg" and not _is_float(args.dtype):
         parser.error(f"--op avg needs a floating-point --dtype, got {args.dtype}")
+    if args.op in ("band", "bor", "bxor") and _is_float(args.dtype):
+        parser.error(f"--op {args.op} needs an integer --dtype, got {args.dtype}")
     if args.dtype == "bfloat16" and importlib.util.find_spec("ml_dtypes") is None:
         parser.error("--dtype bfloat16 needs the ml_dtypes package (pip install ml_dtypes)")
     if args.plot:

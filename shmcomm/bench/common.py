@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from shmcomm._core import DTYPE_NAMES, OP_NAMES
+
 PROG = "shmcomm-bench"
 COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "gather", "scatter",
                "reduce_scatter", "all_to_all", "send_recv", "barrier")
@@ -20,13 +22,16 @@ _PER_RANK = ("all_gather", "gather", "scatter", "reduce_scatter", "all_to_all")
 
 _MARK = "@@shmcomm-bench@@ "  # prefix of the worker's event lines, so stray prints cannot confuse us
 
-# dtype name -> (aliases accepted on the command line). numpy names are the canonical ones.
-_DTYPES = {
-    "int8": ("char",), "uint8": ("byte",), "int32": ("int",), "uint32": (), "int64": ("long",),
-    "uint64": (), "float16": ("half", "fp16"), "bfloat16": ("bf16",), "float32": ("float", "fp32"),
-    "float64": ("double", "fp64"),
-}
-_OPS = {"sum": "SUM", "prod": "PRODUCT", "min": "MIN", "max": "MAX", "avg": "AVG"}
+# dtype name -> aliases accepted on the command line; the names come from the kernels' table
+# (src_cython/shm_dtypes.h). The --check patterns are small signed integers, which bool and
+# complex cannot carry, and no peer has longdouble: those stay out of the bench.
+_ALIASES = {"int8": ("char",), "uint8": ("byte",), "int16": ("short",), "int32": ("int",),
+            "int64": ("long",), "float16": ("half", "fp16"), "bfloat16": ("bf16",),
+            "float32": ("float", "fp32"), "float64": ("double", "fp64")}
+_DTYPES = {name: _ALIASES.get(name, ()) for name in DTYPE_NAMES
+           if name.startswith(("int", "uint", "float", "bfloat"))}
+# --op name -> ReduceOp name, for the ops of the kernels' table (nccl-tests spells PRODUCT "prod").
+_OPS = {("prod" if name == "PRODUCT" else name.lower()): name for name in OP_NAMES}
 _OP_ALIASES = {"product": "prod", "mean": "avg"}
 
 

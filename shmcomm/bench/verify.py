@@ -38,8 +38,10 @@ def _reference(length: int, nranks: int, dtype: np.dtype, dtname: str, op: str) 
                 acc = acc * x
             elif op == "min":
                 acc = np.minimum(acc, x)
-            else:
+            elif op == "max":
                 acc = np.maximum(acc, x)
+            else:
+                acc = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}[op](acc, x)
         if op == "avg":
             acc = acc / nranks
         return acc.astype(dtype)

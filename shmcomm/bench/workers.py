@@ -217,7 +217,8 @@ class _MpiWorker(_Worker):
             # mpi4py built for another MPI than this mpirun: each process is a world of its own
             raise RuntimeError(f"MPI world size is {self.size}, expected {cfg['nranks']}: is mpi4py "
                                f"built against the MPI of {_mpirun()}?")
-        self.op = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}[cfg["op"]]
+        self.op = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX, "band": MPI.BAND,
+                   "bor": MPI.BOR, "bxor": MPI.BXOR}[cfg["op"]]
 
     def rs_inplace_block(self) -> int:
         return 0  # MPI_IN_PLACE Reduce_scatter_block leaves the result at the start of the buffer

@@ -1,0 +1,153 @@
+# The reduction kernels as the Python side sees them: the dtype and op tables (generated from
+# shm_dtypes.h), the SIMD level in use (chosen once, here, at import), and a direct call of one
+# level's kernel on local arrays for the tests and the kernel micro-benchmark.
+from libc.stdlib cimport free, malloc
+
+DTYPE_NAMES = tuple(shm_dtype_names[i].decode() for i in range(SHM_NDTYPES))
+OP_NAMES = tuple(shm_op_names[i].decode() for i in range(SHM_NOPS))
+SIMD_LEVELS = tuple(shm_simd_names[i].decode() for i in range(SHM_SIMD_NLEVELS))
+
+ReduceOp = enum.IntEnum("ReduceOp", [(name, code) for code, name in enumerate(OP_NAMES)],
+                        module="shmcomm.ops", qualname="ReduceOp")
+ReduceOp.__doc__ = """Element-wise reductions: SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR, BXOR.
+
+    Values are the kernels' op codes (generated from their table). ``AVG`` needs a floating-point
+    or complex dtype; ``BAND``/``BOR``/``BXOR`` need integer or bool; complex numbers have no
+    ``MIN``/``MAX``. Half types accumulate in float32::
+
+        sc.all_reduce(grads, op=sc.ReduceOp.AVG)
+    """
+
+_OP_CODES = {member: int(member) for member in ReduceOp}
+
+
+def op_code(op) -> int:
+    """Code of ``op`` (a ReduceOp, its name, or torch's ReduceOp); ValueError names bad input.
+
+    Example::
+
+        >>> op_code("max"), op_code(ReduceOp.SUM)
+        (3, 0)
+    """
+    code = _OP_CODES.get(op) if op.__class__ is ReduceOp else None
+    if code is not None:
+        return code
+    if isinstance(op, str):
+        try:
+            return int(ReduceOp[op.upper()])
+        except KeyError:
+            pass
+    elif isinstance(op, int) and not isinstance(op, bool) and 0 <= op < len(ReduceOp):
+        return op
+    else:  # torch.distributed.ReduceOp and its RedOpType members carry a name
+        name = getattr(op, "name", None) or str(op).rpartition(".")[2]
+        if name.upper() in ReduceOp.__members__:
+            return int(ReduceOp[name.upper()])
+    raise ValueError(f"op must be one of {[m.name for m in ReduceOp]}, got {op!r}")
+
+
+def simd_levels():
+    """The SIMD levels this build has and this CPU runs, baseline first.
+
+    Example::
+
+        >>> simd_levels()[0]
+        'baseline'
+    """
+    return [SIMD_LEVELS[i] for i in range(SHM_SIMD_NLEVELS) if shm_simd_runs(i)]
+
+
+def simd_level():
+    """The level whose kernels every reduction uses (the best one, or ``SHMCOMM_SIMD``'s).
+
+    Example::
+
+        >>> simd_level() in simd_levels()
+        True
+    """
+    return SIMD_LEVELS[shm_simd_level]
+
+
+cdef int _simd_code(object name, str what) except -1:
+    cdef int code = shm_simd_code(str(name).encode()) if name in SIMD_LEVELS else -1
+    if code < 0:
+        raise ValueError(f"{what} must be auto or one of {', '.join(SIMD_LEVELS)}; got {name!r}")
+    if not shm_simd_runs(code):
+        raise ValueError(f"{what}={name}: this CPU or this build cannot run it; levels here: "
+                         f"{', '.join(simd_levels())}")
+    return code
+
+
+cdef object _simd_setting_error = None  # a bad SHMCOMM_SIMD, raised when a group is created
+
+
+def _choose_simd_level():
+    """Apply SHMCOMM_SIMD (auto, baseline, avx2, avx512, neon), else take the best level.
+
+    Runs at import and again whenever a group is created, where every SHMCOMM_* setting is read
+    (group_settings). A bad value does not fail the import (``import torch`` loads shmcomm's entry
+    point): the best level stays in use and group creation raises (:func:`check_simd_setting`).
+    Switching levels while another group reduces is harmless: every level gives the same bits."""
+    global shm_simd_level, _simd_setting_error
+    raw = os.environ.get("SHMCOMM_SIMD", "").strip().lower()
+    _simd_setting_error = None
+    try:
+        shm_simd_level = shm_simd_best() if raw in ("", "auto") else _simd_code(raw, "SHMCOMM_SIMD")
+    except ValueError as exc:
+        shm_simd_level = shm_simd_best()
+        _simd_setting_error = str(exc)
+
+
+def check_simd_setting():
+    """Raise ValueError if SHMCOMM_SIMD names a level that is unknown or cannot run here.
+
+    Example::
+
+        >>> check_simd_setting()   # nothing to say when SHMCOMM_SIMD is unset or valid
+    """
+    if _simd_setting_error is not None:
+        raise ValueError(_simd_setting_error)
+
+
+_choose_simd_level()
+
+
+def reduce_kernel(out, inputs, op=0, level=None):
+    """``out[i] = op(inputs[0][i], ..., inputs[-1][i])`` by one level's kernel, in this process.
+
+    No communication: this is the kernel every collective reduction runs, called directly, for
+    the tests (every level must give the same bits) and ``bench/bench_kernels.py``. ``op`` is an
+    op code (``int(sc.ReduceOp.SUM)``); ``level`` a name from :func:`simd_levels`, default the
+    one in use. ``out`` may be one of the inputs.
+
+    Example::
+
+        >>> import numpy as np
+        >>> a, b, out = np.ones(5, np.float16), np.full(5, 2, np.float16), np.empty(5, np.float16)
+        >>> reduce_kernel(out, [a, b], 0, "baseline"); out.tolist()
+        [3.0, 3.0, 3.0, 3.0, 3.0]
+    """
+    cdef buf_t b_out, b_in
+    cdef int code = shm_simd_level if level is None else _simd_code(level, "level")
+    cdef int n = len(inputs), k, rc, opc = op
+    if n < 1:
+        raise ValueError("inputs must hold at least one array")
+    keep = [as_buf(out, &b_out, True, "out")]
+    if not shm_reduce_supported(b_out.dtype, opc):
+        raise TypeError(f"op {OP_NAMES[opc] if 0 <= opc < SHM_NOPS else opc} is not supported for "
+                        f"dtype {DTYPE_NAMES[b_out.dtype]}")
+    cdef const void **srcs = <const void **>malloc(n * sizeof(void *))
+    if srcs == NULL:
+        raise MemoryError()
+    try:
+        for k in range(n):
+            keep.append(as_buf(inputs[k], &b_in, False, f"inputs[{k}]"))
+            if b_in.dtype != b_out.dtype or b_in.count != b_out.count:
+                raise ValueError(f"inputs[{k}] has {b_in.count} {DTYPE_NAMES[b_in.dtype]} elements; out "
+                                 f"has {b_out.count} {DTYPE_NAMES[b_out.dtype]}")
+            srcs[k] = b_in.ptr
+        with nogil:
+            rc = shm_reduce_at(code, b_out.ptr, srcs, n, b_out.count, b_out.dtype, opc)
+    finally:
+        free(srcs)
+    return None
