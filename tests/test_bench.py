@@ -455,3 +455,37 @@ def test_a_backend_that_dies_mid_sweep_leaves_the_others_running():
     assert all(m["wrong"] == 0 for r in gloo.rows for m in r["results"].values())
     assert {s.name for s in segments.list_segments()} <= before
 
+
+
+@pytest.mark.timeout(180)
+def test_dtype_list_is_swept_and_compared_per_dtype(capsys, tmp_path):
+    """--dtype float32,float16,bfloat16: one table per dtype and backend, checked, and shmcomm/gloo
+    ratios per dtype at the end (gloo where torch is installed)."""
+    pytest.importorskip("ml_dtypes")
+    backends = "shmcomm,gloo" if bench.backend_available("gloo")[0] else "shmcomm"
+    js = tmp_path / "d.json"
+    status, out, err = run_main(capsys, "all_reduce", "-n", "2", *TINY, "--check", "--dtype",
+                                "float32,fp16,bf16", "--backend", backends, "--json", str(js))
+    assert status == 0, out + err
+    doc = json.loads(js.read_text())
+    assert doc["meta"]["dtype"] == ["float32", "float16", "bfloat16"]
+    for backend in backends.split(","):
+        types = {r["type"] for r in doc["rows"] if r["backend"] == backend}
+        assert types == {"float32", "float16", "bfloat16"}, (backend, types)
+    assert all(r["wrong"] == 0 for r in doc["rows"])
+    for dtname in ("float32", "float16", "bfloat16"):
+        assert f"# ===== dtype {dtname} =====" in out
+    if "gloo" in backends:
+        summary = out.split("# ===== per dtype, in this run =====")[1]
+        assert all(f"# {d}\n" in summary for d in ("float32", "float16", "bfloat16"))
+        assert summary.count("vs gloo") == 3
+
+
+@pytest.mark.timeout(60)
+def test_bitwise_ops_are_offered_and_checked(capsys):
+    status, out, err = run_main(capsys, "all_reduce", "-n", "3", *TINY, "--check", "--dtype", "int16",
+                                "--op", "bxor")
+    assert status == 0, out + err
+    assert "bxor" in out and "Out of bounds values : 0 OK" in out
+    with pytest.raises(SystemExit):
+        bench.parse_args(["all_reduce", "-n", "2", "--dtype", "float32,int8", "--op", "band"])

@@ -29,12 +29,17 @@ def _size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _dtype_arg(text: str) -> str:
-    name = text.strip().lower()
-    for canonical, aliases in _DTYPES.items():
-        if name == canonical or name in aliases:
-            return canonical
-    raise argparse.ArgumentTypeError(f"unknown dtype {text!r}; choose from {', '.join(_DTYPES)}")
+def _dtype_arg(text: str) -> list[str]:
+    """A comma-separated list of dtype names or aliases -> canonical names, in order, once each."""
+    names = []
+    for part in text.split(","):
+        name = part.strip().lower()
+        canonical = next((c for c, aliases in _DTYPES.items() if name == c or name in aliases), None)
+        if canonical is None:
+            raise argparse.ArgumentTypeError(f"unknown dtype {part.strip()!r}; choose from {', '.join(_DTYPES)}")
+        if canonical not in names:
+            names.append(canonical)
+    return names
 
 
 def _op_arg(text: str) -> str:
@@ -97,7 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-b", "--minbytes", type=_size_arg, default=8, help="smallest size (default 8)")
     p.add_argument("-e", "--maxbytes", type=_size_arg, default=64 << 20, help="largest size (default 64M)")
     p.add_argument("-f", "--stepfactor", type=float, default=2.0, help="size multiplier (default 2)")
-    p.add_argument("--dtype", type=_dtype_arg, default="float32", help=f"one of {', '.join(_DTYPES)}")
+    p.add_argument("--dtype", type=_dtype_arg, default=["float32"],
+                   help=f"one or more, comma-separated (each swept in turn, every backend compared per "
+                   f"dtype): {', '.join(_DTYPES)}")
     p.add_argument("--op", type=_op_arg, default="sum",
                    help=f"one of {', '.join(_OPS)} (reducing collectives)")
     p.add_argument("--iters", type=_positive_int, default=None,
@@ -145,11 +152,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"-f/--stepfactor must be greater than 1, got {args.stepfactor:g}")
     if not args.target_time > 0 or not args.timeout > 0:
         parser.error("--target-time and --timeout must be positive")
-    if args.op == "avg" and not _is_float(args.dtype):
-        parser.error(f"--op avg needs a floating-point --dtype, got {args.dtype}")
-    if args.op in ("band", "bor", "bxor") and _is_float(args.dtype):
-        parser.error(f"--op {args.op} needs an integer --dtype, got {args.dtype}")
-    if args.dtype == "bfloat16" and importlib.util.find_spec("ml_dtypes") is None:
+    floats = [d for d in args.dtype if _is_float(d)]
+    integers = [d for d in args.dtype if not _is_float(d)]
+    if args.op == "avg" and integers:
+        parser.error(f"--op avg needs a floating-point --dtype, got {', '.join(integers)}")
+    if args.op in ("band", "bor", "bxor") and floats:
+        parser.error(f"--op {args.op} needs an integer --dtype, got {', '.join(floats)}")
+    if "bfloat16" in args.dtype and importlib.util.find_spec("ml_dtypes") is None:
         parser.error("--dtype bfloat16 needs the ml_dtypes package (pip install ml_dtypes)")
     if args.plot:
         try:
@@ -175,7 +184,7 @@ def _loadavg() -> float | None:
 
 
 def run(args: argparse.Namespace, out=None) -> int:
-    """Run the parsed command: sweep every backend, print tables and ratios, write files.
+    """Run the parsed command: sweep every backend for each dtype, print tables and ratios, write files.
 
     Returns the exit status: 0, or 1 if a backend failed or ``--check`` found wrong elements.
     Example::
@@ -184,6 +193,53 @@ def run(args: argparse.Namespace, out=None) -> int:
     """
     out = out or sys.stdout
     collectives = list(COLLECTIVES) if args.collective == "all" else [args.collective]
+    dtypes = args.dtype
+    status, records, results, peers, loads = 0, [], [], [], []
+    for dtname in dtypes:
+        if len(dtypes) > 1:
+            print(f"#\n# ===== dtype {dtname} =====", file=out)
+        one = argparse.Namespace(**{**vars(args), "dtype": dtname})
+        swept = _sweep(one, collectives, out)
+        if swept is None:
+            return 130
+        dt_status, dt_results, dt_records, dt_peers, dt_loads = swept
+        status = status or dt_status
+        records += dt_records
+        results += dt_results
+        peers += [p for p in dt_peers if p not in peers]
+        loads.append(dt_loads)
+    if len(dtypes) > 1 and peers:
+        print("#\n# ===== per dtype, in this run =====", file=out)
+        for dtname in dtypes:
+            mine = [r for r in records if r["type"] == dtname]
+            if any(r["backend"] == "shmcomm" for r in mine):
+                print(f"# {dtname}\n" + format_ratios(mine, collectives, peers), file=out)
+    cfg = _config(args, collectives)
+    meta = {"tool": PROG, "argv": getattr(args, "argv", None), "nranks": args.nranks, "cores": _cores(),
+            "collectives": collectives, "sizes": cfg["sizes"],
+            "dtype": dtypes[0] if len(dtypes) == 1 else dtypes, "op": args.op,
+            "iters": args.iters, "warmup": args.warmup, "target_time": args.target_time,
+            "rounds": args.rounds,
+            "zero_copy": args.zero_copy, "check": args.check, "loadavg_before": loads[0][0],
+            "loadavg_after": loads[-1][1], "python": platform.python_version(),
+            "machine": platform.machine(), "date": datetime.datetime.now().isoformat(timespec="seconds")}
+    if args.json:
+        write_json(args.json, meta, results, records)
+    if args.csv:
+        write_csv(args.csv, records)
+    if args.plot:
+        try:
+            title = f"{args.nranks} ranks, {', '.join(dtypes)}, {_cores()} cores"
+            write_plot(args.plot, records, collectives, title)
+        except BenchError as exc:
+            print(f"{PROG}: {exc}", file=sys.stderr)
+            status = status or 1
+    return status
+
+
+def _sweep(args: argparse.Namespace, collectives: list[str], out):
+    """One dtype's sweep over every backend, its tables and ratios printed. Returns (status,
+    results, records, peers that ran, (load before, load after)), or None when interrupted."""
     cfg = _config(args, collectives)
     itemsize = _numpy_dtype(args.dtype).itemsize
     total = args.rounds * sum(len(collective_sizes(c, cfg["sizes"], args.nranks, itemsize))
@@ -197,7 +253,7 @@ def run(args: argparse.Namespace, out=None) -> int:
     except KeyboardInterrupt:
         progress.finish()
         print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
+        return None
     records = _records(results, args.nranks, cfg)
     load_after = _loadavg()
     status = 0
@@ -231,25 +287,7 @@ def run(args: argparse.Namespace, out=None) -> int:
     peers = [res.backend for res in ran if res.backend != "shmcomm"]
     if peers and any(res.backend == "shmcomm" for res in ran):
         print("#\n" + format_ratios(records, collectives, peers), file=out)
-    meta = {"tool": PROG, "argv": getattr(args, "argv", None), "nranks": args.nranks, "cores": _cores(),
-            "collectives": collectives, "sizes": cfg["sizes"], "dtype": args.dtype, "op": args.op,
-            "iters": args.iters, "warmup": args.warmup, "target_time": args.target_time,
-            "rounds": args.rounds,
-            "zero_copy": args.zero_copy, "check": args.check, "loadavg_before": load_before,
-            "loadavg_after": load_after, "python": platform.python_version(),
-            "machine": platform.machine(), "date": datetime.datetime.now().isoformat(timespec="seconds")}
-    if args.json:
-        write_json(args.json, meta, results, records)
-    if args.csv:
-        write_csv(args.csv, records)
-    if args.plot:
-        try:
-            title = f"{args.nranks} ranks, {args.dtype}, {_cores()} cores"
-            write_plot(args.plot, records, collectives, title)
-        except BenchError as exc:
-            print(f"{PROG}: {exc}", file=sys.stderr)
-            status = status or 1
-    return status
+    return status, results, records, peers, (load_before, load_after)
 
 
 def main(argv: list[str] | None = None) -> int:
