@@ -21,6 +21,8 @@ class Future(Generic[_T]):
 def collect_all(futures: Iterable[Future[Any]]) -> Future[list[Future[Any]]]: ...
 def wait_all(futures: Iterable[Future[Any]], timeout: float | None = None) -> list[Any]: ...
 
+import enum
+
 import numpy as np
 
 class Segment:
@@ -157,7 +159,27 @@ def rank_arg(value: Any, argname: str) -> int: ...
 def tag_arg(tag: Any) -> int: ...
 def set_default_group(group: GroupCore | None) -> None: ...
 
+# The kernels' tables (kernels.pxi, generated from src_cython/shm_dtypes.h).
 DTYPE_NAMES: tuple[str, ...]
+OP_NAMES: tuple[str, ...]
+SIMD_LEVELS: tuple[str, ...]
+
+class ReduceOp(enum.IntEnum):
+    """Built at import from OP_NAMES; these members are for type checkers (a test compares them)."""
+    SUM = 0
+    PRODUCT = 1
+    MIN = 2
+    MAX = 3
+    AVG = 4
+    BAND = 5
+    BOR = 6
+    BXOR = 7
+
+def op_code(op: Any) -> int: ...
+def simd_levels() -> list[str]: ...
+def simd_level() -> str: ...
+def choose_simd_level() -> None: ...
+def reduce_kernel(out: Any, inputs: list[Any], op: int = 0, level: str | None = None) -> None: ...
 def as_numpy(obj: Any, argname: str = "array", writable: bool = False) -> tuple[np.ndarray, str]: ...
 
 class RpcChannel:

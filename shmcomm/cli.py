@@ -138,12 +138,12 @@ def _kernel_level() -> str:
         from shmcomm import _core
     except ImportError as exc:
         return f"unknown (the compiled core does not import: {exc})"
-    _core._choose_simd_level()
-    level, levels = _core.simd_level(), ", ".join(_core.simd_levels())
+    levels = ", ".join(_core.simd_levels())
     try:
-        _core.check_simd_setting()
+        _core.choose_simd_level()
     except ValueError as exc:
-        return f"{level}; {exc}"
+        return f"{_core.simd_level()}; {exc}"
+    level = _core.simd_level()
     forced = os.environ.get("SHMCOMM_SIMD", "").strip()
     why = f"forced by SHMCOMM_SIMD={forced}" if forced and forced != "auto" else "the best this CPU runs"
     return f"{level} ({why}; runs: {levels})"

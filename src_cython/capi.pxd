@@ -130,7 +130,6 @@ cdef extern from "reduce_kernels.h" nogil:
     int shm_simd_level
     int shm_simd_runs(int level)
     int shm_simd_best()
-    int shm_simd_code(const char *name)
     int shm_reduce_at(int level, void *dst, const void *const *srcs, int n, size_t count, int dtype, int op)
     int shm_reduce(void *dst, const void *const *srcs, int n, size_t count, int dtype, int op)
     int shm_reduce_supported(int dtype, int op)

@@ -23,7 +23,7 @@
 cdef object _prep_reduce(Communicator c, op_t *o, object array, int op, int root):
     cdef buf_t b
     owner = as_buf(array, &b, True, "array")
-    c._check_op(b.dtype, op)
+    check_reduce_op(b.dtype, op)
     o.kind = K_ALL_REDUCE if root < 0 else K_REDUCE
     o.ptr, o.count, o.itemsize, o.dtype, o.nbytes = b.ptr, b.count, b.itemsize, b.dtype, b.nbytes
     o.op, o.root = op, root

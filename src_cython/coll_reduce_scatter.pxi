@@ -8,7 +8,7 @@
 cdef object _prep_reduce_scatter(Communicator c, op_t *o, object output, list input_list, int op):
     cdef buf_t b
     out_owner = as_buf(output, &b, True, "output")
-    c._check_op(b.dtype, op)
+    check_reduce_op(b.dtype, op)
     owners = _fill_pieces(c, input_list, &b, "input_list", False, o.ins)
     _set_reduce_scatter(o, &b, op)
     return (out_owner, owners)
@@ -18,7 +18,7 @@ cdef object _prep_reduce_scatter_into(Communicator c, op_t *o, object output, ob
     cdef buf_t b, whole
     out_owner = as_buf(output, &b, True, "output")
     in_owner = as_buf(input, &whole, False, "input")
-    c._check_op(b.dtype, op)
+    check_reduce_op(b.dtype, op)
     _split_whole(c, &whole, &b, "input", o.ins)
     _set_reduce_scatter(o, &b, op)
     return (out_owner, in_owner)

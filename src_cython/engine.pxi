@@ -1007,15 +1007,6 @@ cdef class Communicator:
             raise ValueError(f"{argname} must be a rank in [0, {self.size}), got {root}")
         return 0
 
-    cdef int _check_op(self, int dtype, int op) except -1:
-        if not 0 <= op < SHM_NOPS:
-            raise ValueError(f"op must be a ReduceOp, got {op}")
-        if not shm_reduce_supported(dtype, op):
-            if op == SHM_AVG:
-                raise TypeError(f"op AVG needs a floating-point or complex dtype, got {DTYPE_NAMES[dtype]}")
-            raise TypeError(f"op {OP_NAMES[op]} is not supported for dtype {DTYPE_NAMES[dtype]}")
-        return 0
-
     cpdef all_reduce(self, array, int op=SHM_SUM, bint async_op=False):
         cdef _Call call = self._open(async_op)
         try:

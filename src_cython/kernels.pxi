@@ -69,47 +69,52 @@ def simd_level():
 
 
 cdef int _simd_code(object name, str what) except -1:
-    cdef int code = shm_simd_code(str(name).encode()) if name in SIMD_LEVELS else -1
-    if code < 0:
+    if name not in SIMD_LEVELS:
         raise ValueError(f"{what} must be auto or one of {', '.join(SIMD_LEVELS)}; got {name!r}")
+    cdef int code = SIMD_LEVELS.index(name)
     if not shm_simd_runs(code):
         raise ValueError(f"{what}={name}: this CPU or this build cannot run it; levels here: "
                          f"{', '.join(simd_levels())}")
     return code
 
 
-cdef object _simd_setting_error = None  # a bad SHMCOMM_SIMD, raised when a group is created
-
-
-def _choose_simd_level():
+def choose_simd_level():
     """Apply SHMCOMM_SIMD (auto, baseline, avx2, avx512, neon), else take the best level.
 
     Runs at import and again whenever a group is created, where every SHMCOMM_* setting is read
-    (group_settings). A bad value does not fail the import (``import torch`` loads shmcomm's entry
-    point): the best level stays in use and group creation raises (:func:`check_simd_setting`).
-    Switching levels while another group reduces is harmless: every level gives the same bits."""
-    global shm_simd_level, _simd_setting_error
-    raw = os.environ.get("SHMCOMM_SIMD", "").strip().lower()
-    _simd_setting_error = None
-    try:
-        shm_simd_level = shm_simd_best() if raw in ("", "auto") else _simd_code(raw, "SHMCOMM_SIMD")
-    except ValueError as exc:
-        shm_simd_level = shm_simd_best()
-        _simd_setting_error = str(exc)
-
-
-def check_simd_setting():
-    """Raise ValueError if SHMCOMM_SIMD names a level that is unknown or cannot run here.
+    (group_settings). A value that is unknown or cannot run here leaves the best level in use and
+    raises ValueError; the import ignores it (``import torch`` loads shmcomm's entry point), group
+    creation does not. Switching levels while another group reduces is harmless: every level gives
+    the same bits.
 
     Example::
 
-        >>> check_simd_setting()   # nothing to say when SHMCOMM_SIMD is unset or valid
+        >>> choose_simd_level()   # SHMCOMM_SIMD unset: the best level
+        >>> simd_level() == simd_levels()[-1]
+        True
     """
-    if _simd_setting_error is not None:
-        raise ValueError(_simd_setting_error)
+    global shm_simd_level
+    raw = os.environ.get("SHMCOMM_SIMD", "").strip().lower()
+    shm_simd_level = shm_simd_best()
+    if raw not in ("", "auto"):
+        shm_simd_level = _simd_code(raw, "SHMCOMM_SIMD")
 
 
-_choose_simd_level()
+try:
+    choose_simd_level()
+except ValueError:
+    pass  # raised again when a group is created
+
+
+cdef int check_reduce_op(int dtype, int op) except -1:
+    """TypeError/ValueError unless the kernels have ``op`` for ``dtype`` (every reducing call)."""
+    if not 0 <= op < SHM_NOPS:
+        raise ValueError(f"op must be a ReduceOp, got {op}")
+    if not shm_reduce_supported(dtype, op):
+        if op == SHM_AVG:
+            raise TypeError(f"op AVG needs a floating-point or complex dtype, got {DTYPE_NAMES[dtype]}")
+        raise TypeError(f"op {OP_NAMES[op]} is not supported for dtype {DTYPE_NAMES[dtype]}")
+    return 0
 
 
 def reduce_kernel(out, inputs, op=0, level=None):
@@ -129,13 +134,11 @@ def reduce_kernel(out, inputs, op=0, level=None):
     """
     cdef buf_t b_out, b_in
     cdef int code = shm_simd_level if level is None else _simd_code(level, "level")
-    cdef int n = len(inputs), k, rc, opc = op
+    cdef int n = len(inputs), k, opc = op
     if n < 1:
         raise ValueError("inputs must hold at least one array")
     keep = [as_buf(out, &b_out, True, "out")]
-    if not shm_reduce_supported(b_out.dtype, opc):
-        raise TypeError(f"op {OP_NAMES[opc] if 0 <= opc < SHM_NOPS else opc} is not supported for "
-                        f"dtype {DTYPE_NAMES[b_out.dtype]}")
+    check_reduce_op(b_out.dtype, opc)
     cdef const void **srcs = <const void **>malloc(n * sizeof(void *))
     if srcs == NULL:
         raise MemoryError()
@@ -147,7 +150,7 @@ def reduce_kernel(out, inputs, op=0, level=None):
                                  f"has {b_out.count} {DTYPE_NAMES[b_out.dtype]}")
             srcs[k] = b_in.ptr
         with nogil:
-            rc = shm_reduce_at(code, b_out.ptr, srcs, n, b_out.count, b_out.dtype, opc)
+            shm_reduce_at(code, b_out.ptr, srcs, n, b_out.count, b_out.dtype, opc)
     finally:
         free(srcs)
     return None

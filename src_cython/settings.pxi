@@ -57,8 +57,7 @@ def group_settings(int size):
         >>> group_settings(2)["slot_bytes"] >= 4096
         True
     """
-    _choose_simd_level()
-    check_simd_setting()
+    choose_simd_level()
     usable = len(os.sched_getaffinity(0))
     fits = size <= usable
     return {

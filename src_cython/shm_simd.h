@@ -9,7 +9,6 @@
 #define SHMCOMM_SIMD_H
 
 #include <stdint.h>
-#include <string.h>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define SHM_SIMD_X86 1
@@ -73,13 +72,6 @@ static inline int shm_simd_best(void) {
     for (int level = SHM_SIMD_NLEVELS - 1; level > SHM_SIMD_BASELINE; level--)
         if (shm_simd_runs(level)) return level;
     return SHM_SIMD_BASELINE;
-}
-
-/* Level code of a name ("baseline", "avx2", ...), or -1. */
-static inline int shm_simd_code(const char *name) {
-    for (int level = 0; level < SHM_SIMD_NLEVELS; level++)
-        if (strcmp(name, shm_simd_names[level]) == 0) return level;
-    return -1;
 }
 
 static int shm_simd_level = SHM_SIMD_BASELINE; /* set once at import, by the compiled module */
