@@ -54,6 +54,7 @@ ctypedef struct op_t:
     int dtype
     int itemsize
     int op
+    double factor          # PREMUL_SUM: this rank's factor (published in descriptor word 7)
     int root               # rank, or -1 (all_reduce, all_gather)
     size_t count           # elements of the array (all_reduce/reduce/reduce_scatter: per rank)
     size_t nbytes
@@ -122,6 +123,7 @@ cdef class _Call:
         """Clear the per-call fields (the inline _Call is reused by every synchronous call)."""
         self.o.kind = 0
         self.o.dtype = self.o.itemsize = self.o.op = self.o.root = 0
+        self.o.factor = 1.0
         self.o.count = self.o.nbytes = 0
         self.o.ptr = NULL
         self.o.heap = self.o.heap_off = self.o.heap_stride = 0

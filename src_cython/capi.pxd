@@ -117,7 +117,7 @@ cdef extern from "shm_dtypes.h" nogil:
     enum:
         SHM_BOOL, SHM_BFLOAT16, SHM_NDTYPES
     enum:
-        SHM_SUM, SHM_AVG, SHM_NOPS
+        SHM_SUM, SHM_AVG, SHM_PREMUL_SUM, SHM_NOPS
     const char *shm_dtype_names[]
     const int shm_dtype_itemsizes[]
     const char *shm_op_names[]
@@ -130,8 +130,10 @@ cdef extern from "reduce_kernels.h" nogil:
     int shm_simd_level
     int shm_simd_runs(int level)
     int shm_simd_best()
-    int shm_reduce_at(int level, void *dst, const void *const *srcs, int n, size_t count, int dtype, int op)
-    int shm_reduce(void *dst, const void *const *srcs, int n, size_t count, int dtype, int op)
+    int shm_reduce_at(int level, void *dst, const void *const *srcs, const double *factors, int n,
+                      size_t count, int dtype, int op)
+    int shm_reduce(void *dst, const void *const *srcs, const double *factors, int n, size_t count,
+                   int dtype, int op)
     int shm_reduce_supported(int dtype, int op)
 
 

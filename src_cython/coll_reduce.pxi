@@ -20,13 +20,13 @@
 # Every rank reduces in rank order, so every rank gets the same bits.
 
 
-cdef object _prep_reduce(Communicator c, op_t *o, object array, int op, int root):
+cdef object _prep_reduce(Communicator c, op_t *o, object array, int op, int root, double factor):
     cdef buf_t b
     owner = as_buf(array, &b, True, "array")
     check_reduce_op(b.dtype, op)
     o.kind = K_ALL_REDUCE if root < 0 else K_REDUCE
     o.ptr, o.count, o.itemsize, o.dtype, o.nbytes = b.ptr, b.count, b.itemsize, b.dtype, b.nbytes
-    o.op, o.root = op, root
+    o.op, o.root, o.factor = op, root, factor
     o.heap = c._find_heap(b.ptr, b.nbytes, &o.heap_off, &o.heap_stride)
     return owner
 
@@ -39,6 +39,9 @@ cdef int _run_reduce(Communicator c, op_t *o) except -1 nogil:
     cdef bint wants = root < 0 or root == c.rank
     cdef bint cma, first
     if n == 1:
+        if op == SHM_PREMUL_SUM:  # the only op that changes one rank's values
+            c.srcs[0], c.factors[0] = ptr, o.factor
+            shm_reduce(ptr, c.srcs, c.factors, 1, count, dtype, op)
         return 0
     if c._one_shot_size(nbytes):
         _reduce_batch(c, &o, 1)
@@ -47,6 +50,7 @@ cdef int _run_reduce(Communicator c, op_t *o) except -1 nogil:
         _reduce_batch_medium(c, &o, 1)
         return 0
     c._set_desc(o.kind, dtype, nbytes, <uint64_t>root, op)
+    c._set_factor(o)
     # Below the single-copy size the descriptor rides on the first chunk's step (no zero copy
     # there: one sync fewer matters more at these sizes); above it, a step of its own first.
     # (With single copy off, cma_bytes is 0: large arrays still get that step, for zero copy.)
@@ -59,6 +63,7 @@ cdef int _run_reduce(Communicator c, op_t *o) except -1 nogil:
             c._step()
             c._check_desc()
             cma = False
+        c._load_factors(o)
         if o.heap and _all_same_heap(c):
             return _reduce_zero_copy(c, o)
         if cma:
@@ -76,11 +81,12 @@ cdef int _run_reduce(Communicator c, op_t *o) except -1 nogil:
         c._step()
         if first:
             c._check_desc()
+            c._load_factors(o)
             first = False
         for q in range(n):
             c.srcs[q] = c.slot(q, s) + lo * itemsize
         c.srcs[c.rank] = ptr + (off + lo) * itemsize
-        shm_reduce(c.slot(c.rank, s + 1) + lo * itemsize, c.srcs, n, hi - lo, dtype, op)
+        shm_reduce(c.slot(c.rank, s + 1) + lo * itemsize, c.srcs, c.factors, n, hi - lo, dtype, op)
         c._step()
         if wants:
             for i in range(n):
@@ -132,6 +138,20 @@ cdef int _agreed_calls(Communicator c, op_t **ops, int k, uint32_t s, size_t *da
     return m
 
 
+cdef void _load_batch_factors(Communicator c, op_t **ops, int j, uint32_t s, size_t *data_off) noexcept nogil:
+    """PREMUL_SUM call j of a batch: every rank's factor, from the control block's descriptor
+    (j = 0) or call j's header in each rank's slot."""
+    cdef int q
+    if ops[j].op != SHM_PREMUL_SUM:
+        return
+    if j == 0:
+        c._load_factors(ops[0])
+        return
+    for q in range(c.size):
+        memcpy(&c.factors[q], c.slot(q, s) + data_off[j] - BATCH_HEADER + 7 * sizeof(uint64_t),
+               sizeof(double))
+
+
 cdef size_t _pack_headers(Communicator c, op_t **ops, int k, char *mine, size_t *data_off) noexcept nogil:
     """Lay out k calls in a slot (descriptor before every call but the first, data cache-line
     aligned); fills data_off and returns the bytes used."""
@@ -144,6 +164,7 @@ cdef size_t _pack_headers(Communicator c, op_t **ops, int k, char *mine, size_t 
         if j:
             d = <uint64_t *>(mine + off)
             d[0] = o.kind; d[1] = o.dtype; d[2] = o.nbytes; d[3] = <uint64_t>o.root; d[4] = o.op
+            memcpy(&d[7], &o.factor, sizeof(double))  # PREMUL_SUM's factor, as in _set_factor
             off += BATCH_HEADER
         data_off[j] = off
         off += _align_up(o.nbytes, 64)
@@ -171,6 +192,7 @@ cdef int _reduce_batch_medium(Communicator c, op_t **ops, int k) except -1 nogil
         memcpy(mine + data_off[j] + hi * isz, o.ptr + hi * isz, (o.count - hi) * isz)
     o = ops[0]
     c._set_desc(o.kind, o.dtype, o.nbytes, <uint64_t>o.root, o.op)
+    c._set_factor(o)
     c.cb(c.rank).desc[s & 1][5] = k
     c._step()
     m = _agreed_calls(c, ops, k, s, data_off)
@@ -181,7 +203,9 @@ cdef int _reduce_batch_medium(Communicator c, op_t **ops, int k) except -1 nogil
         for q in range(n):
             c.srcs[q] = c.slot(q, s) + data_off[j] + lo * isz
         c.srcs[c.rank] = o.ptr + lo * isz
-        shm_reduce(c.slot(c.rank, s + 1) + data_off[j] + lo * isz, c.srcs, n, hi - lo, o.dtype, o.op)
+        _load_batch_factors(c, ops, j, s, data_off)
+        shm_reduce(c.slot(c.rank, s + 1) + data_off[j] + lo * isz, c.srcs, c.factors, n, hi - lo,
+                   o.dtype, o.op)
     c._step()
     for j in range(m):
         o = ops[j]
@@ -207,6 +231,7 @@ cdef int _reduce_batch(Communicator c, op_t **ops, int k) except -1 nogil:
         memcpy(mine + data_off[j], ops[j].ptr, ops[j].nbytes)
     o = ops[0]
     c._set_desc(o.kind, o.dtype, o.nbytes, <uint64_t>o.root, o.op)
+    c._set_factor(o)
     c.cb(c.rank).desc[s & 1][5] = k
     c._step()
     m = _agreed_calls(c, ops, k, s, data_off)
@@ -215,7 +240,8 @@ cdef int _reduce_batch(Communicator c, op_t **ops, int k) except -1 nogil:
         if o.root < 0 or o.root == c.rank:
             for q in range(n):
                 c.srcs[q] = c.slot(q, s) + data_off[j]
-            shm_reduce(o.ptr, c.srcs, n, o.count, o.dtype, o.op)
+            _load_batch_factors(c, ops, j, s, data_off)
+            shm_reduce(o.ptr, c.srcs, c.factors, n, o.count, o.dtype, o.op)
     return m
 
 
@@ -249,12 +275,12 @@ cdef int _reduce_zero_copy(Communicator c, op_t *o) except -1 nogil:
         for q in range(n):
             c.srcs[q] = first + q * stride + b * itemsize
         if o.root < 0:
-            shm_reduce(ptr + b * itemsize, c.srcs, n, m, o.dtype, o.op)
+            shm_reduce(ptr + b * itemsize, c.srcs, c.factors, n, m, o.dtype, o.op)
             for i in range(1, n):
                 q = (c.rank + i) % n
                 memcpy(first + q * stride + b * itemsize, ptr + b * itemsize, m * itemsize)
         else:
-            shm_reduce(first + o.root * stride + b * itemsize, c.srcs, n, m, o.dtype, o.op)
+            shm_reduce(first + o.root * stride + b * itemsize, c.srcs, c.factors, n, m, o.dtype, o.op)
         b += m
     c._step()  # every slice written before anyone returns
     return 0
@@ -287,7 +313,7 @@ cdef int _reduce_single_copy(Communicator c, op_t *o) except -1 nogil:
                 c.srcs[q] = part
                 part += block_bytes
         out = ptr + b * itemsize if mine else part  # in place is fine: element-wise
-        shm_reduce(out, c.srcs, n, m, o.dtype, o.op)
+        shm_reduce(out, c.srcs, c.factors, n, m, o.dtype, o.op)
         for i in range(1, n):
             q = (c.rank + i) % n
             if root < 0 or q == root:

@@ -87,6 +87,7 @@ cdef class Communicator:
     cdef int *pidfds
     cdef int *pids
     cdef const void **srcs        # reduction inputs: scratch of the op running now
+    cdef double *factors          # PREMUL_SUM: each rank's factor, for the op running now
     cdef object broken
     cdef const char *op_name
     cdef readonly bint closed
@@ -118,6 +119,7 @@ cdef class Communicator:
         self.pidfds = NULL
         self.pids = NULL
         self.srcs = NULL
+        self.factors = NULL
         self.scratch = NULL
         self.scratch_bytes = 0
         self.staging = NULL
@@ -149,7 +151,8 @@ cdef class Communicator:
         self.pidfds = <int *>malloc(size * sizeof(int))
         self.pids = <int *>malloc(size * sizeof(int))
         self.srcs = <const void **>malloc(size * sizeof(void *))
-        if not (self.pidfds and self.pids and self.srcs):
+        self.factors = <double *>malloc(size * sizeof(double))
+        if not (self.pidfds and self.pids and self.srcs and self.factors):
             raise MemoryError()
         if capi.shm_engine_init(&self.engine) != 0:
             raise MemoryError("cannot set up the progress engine")
@@ -477,6 +480,21 @@ cdef class Communicator:
                     with gil:
                         raise CollectiveMismatchError(self._mismatch_text())
         return 0
+
+    cdef inline void _set_factor(self, op_t *o) noexcept nogil:
+        """PREMUL_SUM: publish this rank's factor with the descriptor of the next step (word 7,
+        not compared: each rank may scale its input by its own factor, as in NCCL)."""
+        cdef uint64_t *d = self.cb(self.rank).desc[(self.step + 1) & 1]
+        if o.op == SHM_PREMUL_SUM:
+            memcpy(&d[7], &o.factor, sizeof(double))
+
+    cdef inline void _load_factors(self, op_t *o) noexcept nogil:
+        """PREMUL_SUM, after the step that carried the descriptors: every rank's factor, in rank
+        order, for the kernel (a peer cannot overwrite them before this rank's next step)."""
+        cdef int q
+        if o.op == SHM_PREMUL_SUM:
+            for q in range(self.size):
+                memcpy(&self.factors[q], &self.cb(q).desc[self.step & 1][7], sizeof(double))
 
     cdef str _mismatch_text(self):
         lines = [f"rank {q}: {describe_call(self.cb(q).desc[self.step & 1])}" for q in range(self.size)]
@@ -997,7 +1015,7 @@ cdef class Communicator:
                     close(self.pidfds[r])
         if self.engine_ready:
             capi.shm_engine_free(&self.engine)
-        free(self.pidfds); free(self.pids); free(self.srcs)
+        free(self.pidfds); free(self.pids); free(self.srcs); free(self.factors)
         free(self.scratch)
         free(self.staging)
 
@@ -1007,20 +1025,20 @@ cdef class Communicator:
             raise ValueError(f"{argname} must be a rank in [0, {self.size}), got {root}")
         return 0
 
-    cpdef all_reduce(self, array, int op=SHM_SUM, bint async_op=False):
+    cpdef all_reduce(self, array, int op=SHM_SUM, bint async_op=False, double factor=1.0):
         cdef _Call call = self._open(async_op)
         try:
-            owners = _prep_reduce(self, &call.o, array, op, -1)
+            owners = _prep_reduce(self, &call.o, array, op, -1, factor)
         except BaseException:
             self._abandon(call)
             raise
         return self._go(call, owners, array, True)
 
-    cpdef reduce(self, array, int dst, int op=SHM_SUM, bint async_op=False):
+    cpdef reduce(self, array, int dst, int op=SHM_SUM, bint async_op=False, double factor=1.0):
         cdef _Call call = self._open(async_op)
         try:
             self._check_root(dst, "dst")
-            owners = _prep_reduce(self, &call.o, array, op, dst)
+            owners = _prep_reduce(self, &call.o, array, op, dst, factor)
         except BaseException:
             self._abandon(call)
             raise
@@ -1076,19 +1094,21 @@ cdef class Communicator:
             raise
         return self._go(call, owners, array, True)
 
-    cpdef reduce_scatter(self, output, list input_list, int op=SHM_SUM, bint async_op=False):
+    cpdef reduce_scatter(self, output, list input_list, int op=SHM_SUM, bint async_op=False,
+                         double factor=1.0):
         cdef _Call call = self._open(async_op)
         try:
-            owners = _prep_reduce_scatter(self, &call.o, output, input_list, op)
+            owners = _prep_reduce_scatter(self, &call.o, output, input_list, op, factor)
         except BaseException:
             self._abandon(call)
             raise
         return self._go(call, owners, output, True)
 
-    cpdef reduce_scatter_into(self, output, input, int op=SHM_SUM, bint async_op=False):
+    cpdef reduce_scatter_into(self, output, input, int op=SHM_SUM, bint async_op=False,
+                              double factor=1.0):
         cdef _Call call = self._open(async_op)
         try:
-            owners = _prep_reduce_scatter_into(self, &call.o, output, input, op)
+            owners = _prep_reduce_scatter_into(self, &call.o, output, input, op, factor)
         except BaseException:
             self._abandon(call)
             raise

@@ -7,13 +7,18 @@ DTYPE_NAMES = tuple(shm_dtype_names[i].decode() for i in range(SHM_NDTYPES))
 OP_NAMES = tuple(shm_op_names[i].decode() for i in range(SHM_NOPS))
 SIMD_LEVELS = tuple(shm_simd_names[i].decode() for i in range(SHM_SIMD_NLEVELS))
 
-ReduceOp = enum.IntEnum("ReduceOp", [(name, code) for code, name in enumerate(OP_NAMES)],
+# PREMUL_SUM needs a factor per call: the torch backend passes it (Communicator.all_reduce's
+# ``factor``); the public ReduceOp, whose members need nothing else, leaves it out.
+ReduceOp = enum.IntEnum("ReduceOp", [(name, code) for code, name in enumerate(OP_NAMES)
+                                     if code != SHM_PREMUL_SUM],
                         module="shmcomm.ops", qualname="ReduceOp")
+PREMUL_SUM = SHM_PREMUL_SUM
 ReduceOp.__doc__ = """Element-wise reductions: SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR, BXOR.
 
-    Values are the kernels' op codes (generated from their table). ``AVG`` needs a floating-point
-    or complex dtype; ``BAND``/``BOR``/``BXOR`` need integer or bool; complex numbers have no
-    ``MIN``/``MAX``. Half types accumulate in float32::
+    Values are the kernels' op codes (generated from their table). ``AVG`` on integers divides
+    the wrapped sum and truncates toward zero (as NCCL); bool has no ``AVG``.
+    ``BAND``/``BOR``/``BXOR`` need integer or bool; complex numbers have no ``MIN``/``MAX``.
+    Half types accumulate in float32::
 
         sc.all_reduce(grads, op=sc.ReduceOp.AVG)
     """
@@ -111,19 +116,20 @@ cdef int check_reduce_op(int dtype, int op) except -1:
     if not 0 <= op < SHM_NOPS:
         raise ValueError(f"op must be a ReduceOp, got {op}")
     if not shm_reduce_supported(dtype, op):
-        if op == SHM_AVG:
-            raise TypeError(f"op AVG needs a floating-point or complex dtype, got {DTYPE_NAMES[dtype]}")
+        if op == SHM_PREMUL_SUM:
+            raise TypeError(f"op PREMUL_SUM needs a floating-point dtype, got {DTYPE_NAMES[dtype]}")
         raise TypeError(f"op {OP_NAMES[op]} is not supported for dtype {DTYPE_NAMES[dtype]}")
     return 0
 
 
-def reduce_kernel(out, inputs, op=0, level=None):
+def reduce_kernel(out, inputs, op=0, level=None, factors=None):
     """``out[i] = op(inputs[0][i], ..., inputs[-1][i])`` by one level's kernel, in this process.
 
     No communication: this is the kernel every collective reduction runs, called directly, for
     the tests (every level must give the same bits) and ``bench/bench_kernels.py``. ``op`` is an
-    op code (``int(sc.ReduceOp.SUM)``); ``level`` a name from :func:`simd_levels`, default the
-    one in use. ``out`` may be one of the inputs.
+    op code (``int(sc.ReduceOp.SUM)``, or ``PREMUL_SUM`` with one factor per input in
+    ``factors``); ``level`` a name from :func:`simd_levels`, default the one in use. ``out`` may
+    be one of the inputs.
 
     Example::
 
@@ -139,8 +145,12 @@ def reduce_kernel(out, inputs, op=0, level=None):
         raise ValueError("inputs must hold at least one array")
     keep = [as_buf(out, &b_out, True, "out")]
     check_reduce_op(b_out.dtype, opc)
+    if opc == SHM_PREMUL_SUM and (factors is None or len(factors) != n):
+        raise ValueError(f"PREMUL_SUM needs one factor per input ({n}), got {factors!r}")
     cdef const void **srcs = <const void **>malloc(n * sizeof(void *))
-    if srcs == NULL:
+    cdef double *scale = <double *>malloc(n * sizeof(double))
+    if srcs == NULL or scale == NULL:
+        free(srcs); free(scale)
         raise MemoryError()
     try:
         for k in range(n):
@@ -149,8 +159,9 @@ def reduce_kernel(out, inputs, op=0, level=None):
                 raise ValueError(f"inputs[{k}] has {b_in.count} {DTYPE_NAMES[b_in.dtype]} elements; out "
                                  f"has {b_out.count} {DTYPE_NAMES[b_out.dtype]}")
             srcs[k] = b_in.ptr
+            scale[k] = factors[k] if opc == SHM_PREMUL_SUM else 1.0
         with nogil:
-            shm_reduce_at(code, b_out.ptr, srcs, n, b_out.count, b_out.dtype, opc)
+            shm_reduce_at(code, b_out.ptr, srcs, scale, n, b_out.count, b_out.dtype, opc)
     finally:
-        free(srcs)
+        free(srcs); free(scale)
     return None

@@ -41,13 +41,27 @@
 #define SHM_OP_BXOR(a, b) ((a) ^ (b))
 #define SHM_ID(x) (x)
 #define SHM_DIVN(x) ((x) / n_as_acc)
+/* Integer AVG: the wrapped sum read as the element type, divided by n, truncated toward zero. */
+#define SHM_DIVN_INT(x) ((shm_acc_t)((shm_elem_t)(x) / n))
+#define SHM_TO_ACC(x) ((shm_acc_t)(x))
+#define SHM_TO_ELEM(x) ((shm_elem_t)(x))
+/* How source k's element enters the reduction: as it is, or times that source's factor
+ * (PREMUL_SUM: each rank's input scaled by its own factor, then summed, as NCCL defines it). */
+#define SHM_AS_IS(x, f) (x)
+#define SHM_TIMES(x, f) ((x) * (f))
 
-typedef void (*shm_kernel_t)(void *dst, const void *const *srcs, int n, size_t count);
+/* dst, the n sources, the sources' factors (PREMUL_SUM only; NULL for the other ops), n, count */
+typedef void (*shm_kernel_t)(void *dst, const void *const *srcs, const double *factors, int n,
+                             size_t count);
 
 /* NAME: kernel; T: element type; ACC: accumulate type; LOAD/STORE convert between them;
- * OP: binary op on ACC; FINAL: applied once to the accumulated value (AVG divides by n). */
-#define SHM_KERNEL(NAME, T, ACC, LOAD, STORE, OP, FINAL)                                          \
-    static void NAME(void *dst_, const void *const *srcs, int n, size_t count) {                 \
+ * OP: binary op on ACC; FINAL: applied once to the accumulated value (AVG divides by n);
+ * SCALE: SHM_AS_IS, or SHM_TIMES (each source times its factor, rounded, before the op). */
+#define SHM_KERNEL(NAME, T, ACC, LOAD, STORE, OP, FINAL, SCALE)                                   \
+    static void NAME(void *dst_, const void *const *srcs, const double *factors, int n,           \
+                     size_t count) {                                                              \
+        typedef T shm_elem_t __attribute__((unused)); /* for LOAD/STORE/FINAL macros */           \
+        typedef ACC shm_acc_t __attribute__((unused));                                            \
         T *dst = (T *)dst_;                                                                       \
         ACC acc[SHM_BLOCK];                                                                       \
         const ACC n_as_acc = (ACC)n;                                                              \
@@ -55,10 +69,14 @@ typedef void (*shm_kernel_t)(void *dst, const void *const *srcs, int n, size_t c
         for (size_t base = 0; base < count; base += SHM_BLOCK) {                                  \
             size_t m = count - base < SHM_BLOCK ? count - base : SHM_BLOCK;                       \
             const T *s0 = (const T *)srcs[0] + base;                                              \
-            for (size_t j = 0; j < m; j++) acc[j] = LOAD(s0[j]);                                  \
+            const ACC f0 = factors ? (ACC)factors[0] : (ACC)1;                                    \
+            (void)f0;                                                                             \
+            for (size_t j = 0; j < m; j++) acc[j] = SCALE(LOAD(s0[j]), f0);                       \
             for (int k = 1; k < n; k++) {                                                         \
                 const T *s = (const T *)srcs[k] + base;                                           \
-                for (size_t j = 0; j < m; j++) acc[j] = OP(acc[j], LOAD(s[j]));                   \
+                const ACC f = factors ? (ACC)factors[k] : (ACC)1;                                 \
+                (void)f;                                                                          \
+                for (size_t j = 0; j < m; j++) acc[j] = OP(acc[j], SCALE(LOAD(s[j]), f));         \
             }                                                                                     \
             for (size_t j = 0; j < m; j++) dst[base + j] = STORE(FINAL(acc[j]));                  \
         }                                                                                         \
@@ -66,18 +84,24 @@ typedef void (*shm_kernel_t)(void *dst, const void *const *srcs, int n, size_t c
 
 /* 16-bit floats: each source's block is converted into float32 by the level's block converter
  * LOADB, reduced in float32, and rounded once by STOREB. */
-#define SHM_HALF_KERNEL(NAME, LOADB, STOREB, OP, FINAL)                                           \
-    static void NAME(void *dst_, const void *const *srcs, int n, size_t count) {                 \
+#define SHM_HALF_KERNEL(NAME, LOADB, STOREB, OP, FINAL, SCALE)                                    \
+    static void NAME(void *dst_, const void *const *srcs, const double *factors, int n,           \
+                     size_t count) {                                                              \
         uint16_t *dst = (uint16_t *)dst_;                                                         \
         float acc[SHM_BLOCK], in[SHM_BLOCK];                                                      \
         const float n_as_acc = (float)n;                                                          \
         (void)n_as_acc;                                                                           \
         for (size_t base = 0; base < count; base += SHM_BLOCK) {                                  \
             size_t m = count - base < SHM_BLOCK ? count - base : SHM_BLOCK;                       \
+            const float f0 = factors ? (float)factors[0] : 1.0f;                                  \
+            (void)f0;                                                                             \
             LOADB(acc, (const uint16_t *)srcs[0] + base, m);                                      \
+            for (size_t j = 0; j < m; j++) acc[j] = SCALE(acc[j], f0);                            \
             for (int k = 1; k < n; k++) {                                                         \
+                const float f = factors ? (float)factors[k] : 1.0f;                               \
+                (void)f;                                                                          \
                 LOADB(in, (const uint16_t *)srcs[k] + base, m);                                   \
-                for (size_t j = 0; j < m; j++) acc[j] = OP(acc[j], in[j]);                        \
+                for (size_t j = 0; j < m; j++) acc[j] = OP(acc[j], SCALE(in[j], f));              \
             }                                                                                     \
             for (size_t j = 0; j < m; j++) acc[j] = FINAL(acc[j]);                                \
             STOREB(dst + base, acc, m);                                                           \
@@ -180,16 +204,18 @@ static inline int shm_reduce_supported(int dtype, int op) {
 
 /* Reduces with the kernels of `level` (which the caller checked with shm_simd_runs). Returns 0,
  * or -1 for an unsupported (dtype, op) pair (the caller validates first). */
-static inline int shm_reduce_at(int level, void *dst, const void *const *srcs, int n, size_t count,
-                                int dtype, int op) {
+static inline int shm_reduce_at(int level, void *dst, const void *const *srcs,
+                                const double *factors, int n, size_t count, int dtype, int op) {
     if (!shm_reduce_supported(dtype, op)) return -1;
-    if (count) shm_kernel_tables[level][dtype][op](dst, srcs, n, count);
+    if (count) shm_kernel_tables[level][dtype][op](dst, srcs, op == SHM_PREMUL_SUM ? factors : NULL, n, count);
     return 0;
 }
 
-/* Reduces with the level chosen at start-up (shm_simd_choose). */
-static inline int shm_reduce(void *dst, const void *const *srcs, int n, size_t count, int dtype, int op) {
-    return shm_reduce_at(shm_simd_level, dst, srcs, n, count, dtype, op);
+/* Reduces with the level chosen at start-up (shm_simd_choose). factors: one per source, read for
+ * PREMUL_SUM only. */
+static inline int shm_reduce(void *dst, const void *const *srcs, const double *factors, int n,
+                             size_t count, int dtype, int op) {
+    return shm_reduce_at(shm_simd_level, dst, srcs, factors, n, count, dtype, op);
 }
 
 #endif

@@ -13,45 +13,48 @@
 
 /* INT: sums, products and bit ops in the unsigned twin (wrap-around, no UB); min/max signed. */
 #define SHM_DEFINE_INT(ID, T, U)                                                                  \
-    SHM_KERNEL(SHM_FN(ID, SUM), U, U, SHM_ID, SHM_ID, SHM_OP_SUM, SHM_ID)                         \
-    SHM_KERNEL(SHM_FN(ID, PRODUCT), U, U, SHM_ID, SHM_ID, SHM_OP_PROD, SHM_ID)                    \
-    SHM_KERNEL(SHM_FN(ID, MIN), T, T, SHM_ID, SHM_ID, SHM_OP_MIN, SHM_ID)                         \
-    SHM_KERNEL(SHM_FN(ID, MAX), T, T, SHM_ID, SHM_ID, SHM_OP_MAX, SHM_ID)                         \
-    SHM_KERNEL(SHM_FN(ID, BAND), U, U, SHM_ID, SHM_ID, SHM_OP_BAND, SHM_ID)                       \
-    SHM_KERNEL(SHM_FN(ID, BOR), U, U, SHM_ID, SHM_ID, SHM_OP_BOR, SHM_ID)                         \
-    SHM_KERNEL(SHM_FN(ID, BXOR), U, U, SHM_ID, SHM_ID, SHM_OP_BXOR, SHM_ID)
+    SHM_KERNEL(SHM_FN(ID, SUM), U, U, SHM_ID, SHM_ID, SHM_OP_SUM, SHM_ID, SHM_AS_IS)                         \
+    SHM_KERNEL(SHM_FN(ID, PRODUCT), U, U, SHM_ID, SHM_ID, SHM_OP_PROD, SHM_ID, SHM_AS_IS)                    \
+    SHM_KERNEL(SHM_FN(ID, MIN), T, T, SHM_ID, SHM_ID, SHM_OP_MIN, SHM_ID, SHM_AS_IS)                         \
+    SHM_KERNEL(SHM_FN(ID, MAX), T, T, SHM_ID, SHM_ID, SHM_OP_MAX, SHM_ID, SHM_AS_IS)                         \
+    SHM_KERNEL(SHM_FN(ID, BAND), U, U, SHM_ID, SHM_ID, SHM_OP_BAND, SHM_ID, SHM_AS_IS)                       \
+    SHM_KERNEL(SHM_FN(ID, BOR), U, U, SHM_ID, SHM_ID, SHM_OP_BOR, SHM_ID, SHM_AS_IS)                         \
+    SHM_KERNEL(SHM_FN(ID, BXOR), U, U, SHM_ID, SHM_ID, SHM_OP_BXOR, SHM_ID, SHM_AS_IS)            \
+    SHM_KERNEL(SHM_FN(ID, AVG), T, U, SHM_TO_ACC, SHM_TO_ELEM, SHM_OP_SUM, SHM_DIVN_INT, SHM_AS_IS)
 #define SHM_ROW_INT(ID)                                                                           \
     {[SHM_SUM] = SHM_FN(ID, SUM), [SHM_PRODUCT] = SHM_FN(ID, PRODUCT), [SHM_MIN] = SHM_FN(ID, MIN), \
-     [SHM_MAX] = SHM_FN(ID, MAX), [SHM_BAND] = SHM_FN(ID, BAND), [SHM_BOR] = SHM_FN(ID, BOR),     \
-     [SHM_BXOR] = SHM_FN(ID, BXOR)}
+     [SHM_MAX] = SHM_FN(ID, MAX), [SHM_AVG] = SHM_FN(ID, AVG), [SHM_BAND] = SHM_FN(ID, BAND),     \
+     [SHM_BOR] = SHM_FN(ID, BOR), [SHM_BXOR] = SHM_FN(ID, BXOR)}
 
 /* BOOL (bytes 0 or 1): sum and max are "or", product and min are "and". */
 #define SHM_DEFINE_BOOL(ID, T, U)                                                                 \
-    SHM_KERNEL(SHM_FN(ID, BOR), T, T, SHM_ID, SHM_ID, SHM_OP_BOR, SHM_ID)                         \
-    SHM_KERNEL(SHM_FN(ID, BAND), T, T, SHM_ID, SHM_ID, SHM_OP_BAND, SHM_ID)                       \
-    SHM_KERNEL(SHM_FN(ID, BXOR), T, T, SHM_ID, SHM_ID, SHM_OP_BXOR, SHM_ID)
+    SHM_KERNEL(SHM_FN(ID, BOR), T, T, SHM_ID, SHM_ID, SHM_OP_BOR, SHM_ID, SHM_AS_IS)                         \
+    SHM_KERNEL(SHM_FN(ID, BAND), T, T, SHM_ID, SHM_ID, SHM_OP_BAND, SHM_ID, SHM_AS_IS)                       \
+    SHM_KERNEL(SHM_FN(ID, BXOR), T, T, SHM_ID, SHM_ID, SHM_OP_BXOR, SHM_ID, SHM_AS_IS)
 #define SHM_ROW_BOOL(ID)                                                                          \
     {[SHM_SUM] = SHM_FN(ID, BOR), [SHM_PRODUCT] = SHM_FN(ID, BAND), [SHM_MIN] = SHM_FN(ID, BAND), \
      [SHM_MAX] = SHM_FN(ID, BOR), [SHM_BAND] = SHM_FN(ID, BAND), [SHM_BOR] = SHM_FN(ID, BOR),    \
      [SHM_BXOR] = SHM_FN(ID, BXOR)}
 
 #define SHM_DEFINE_FLOAT(ID, T, H)                                                                \
-    SHM_KERNEL(SHM_FN(ID, SUM), T, T, SHM_ID, SHM_ID, SHM_OP_SUM, SHM_ID)                         \
-    SHM_KERNEL(SHM_FN(ID, PRODUCT), T, T, SHM_ID, SHM_ID, SHM_OP_PROD, SHM_ID)                    \
-    SHM_KERNEL(SHM_FN(ID, MIN), T, T, SHM_ID, SHM_ID, SHM_OP_MIN, SHM_ID)                         \
-    SHM_KERNEL(SHM_FN(ID, MAX), T, T, SHM_ID, SHM_ID, SHM_OP_MAX, SHM_ID)                         \
-    SHM_KERNEL(SHM_FN(ID, AVG), T, T, SHM_ID, SHM_ID, SHM_OP_SUM, SHM_DIVN)
+    SHM_KERNEL(SHM_FN(ID, SUM), T, T, SHM_ID, SHM_ID, SHM_OP_SUM, SHM_ID, SHM_AS_IS)                         \
+    SHM_KERNEL(SHM_FN(ID, PRODUCT), T, T, SHM_ID, SHM_ID, SHM_OP_PROD, SHM_ID, SHM_AS_IS)                    \
+    SHM_KERNEL(SHM_FN(ID, MIN), T, T, SHM_ID, SHM_ID, SHM_OP_MIN, SHM_ID, SHM_AS_IS)                         \
+    SHM_KERNEL(SHM_FN(ID, MAX), T, T, SHM_ID, SHM_ID, SHM_OP_MAX, SHM_ID, SHM_AS_IS)                         \
+    SHM_KERNEL(SHM_FN(ID, AVG), T, T, SHM_ID, SHM_ID, SHM_OP_SUM, SHM_DIVN, SHM_AS_IS)           \
+    SHM_KERNEL(SHM_FN(ID, PREMUL_SUM), T, T, SHM_ID, SHM_ID, SHM_OP_SUM, SHM_ID, SHM_TIMES)
 #define SHM_ROW_FLOAT(ID)                                                                         \
     {[SHM_SUM] = SHM_FN(ID, SUM), [SHM_PRODUCT] = SHM_FN(ID, PRODUCT), [SHM_MIN] = SHM_FN(ID, MIN), \
-     [SHM_MAX] = SHM_FN(ID, MAX), [SHM_AVG] = SHM_FN(ID, AVG)}
+     [SHM_MAX] = SHM_FN(ID, MAX), [SHM_AVG] = SHM_FN(ID, AVG), [SHM_PREMUL_SUM] = SHM_FN(ID, PREMUL_SUM)}
 
 /* HALF: blocks converted to float32 by the level's converters, reduced, rounded once. */
 #define SHM_DEFINE_HALF(ID, T, H)                                                                 \
-    SHM_HALF_KERNEL(SHM_FN(ID, SUM), SHM_BLOCKFN(load, ID), SHM_BLOCKFN(store, ID), SHM_OP_SUM, SHM_ID) \
-    SHM_HALF_KERNEL(SHM_FN(ID, PRODUCT), SHM_BLOCKFN(load, ID), SHM_BLOCKFN(store, ID), SHM_OP_PROD, SHM_ID) \
-    SHM_HALF_KERNEL(SHM_FN(ID, MIN), SHM_BLOCKFN(load, ID), SHM_BLOCKFN(store, ID), SHM_OP_MIN, SHM_ID) \
-    SHM_HALF_KERNEL(SHM_FN(ID, MAX), SHM_BLOCKFN(load, ID), SHM_BLOCKFN(store, ID), SHM_OP_MAX, SHM_ID) \
-    SHM_HALF_KERNEL(SHM_FN(ID, AVG), SHM_BLOCKFN(load, ID), SHM_BLOCKFN(store, ID), SHM_OP_SUM, SHM_DIVN)
+    SHM_HALF_KERNEL(SHM_FN(ID, SUM), SHM_BLOCKFN(load, ID), SHM_BLOCKFN(store, ID), SHM_OP_SUM, SHM_ID, SHM_AS_IS) \
+    SHM_HALF_KERNEL(SHM_FN(ID, PRODUCT), SHM_BLOCKFN(load, ID), SHM_BLOCKFN(store, ID), SHM_OP_PROD, SHM_ID, SHM_AS_IS) \
+    SHM_HALF_KERNEL(SHM_FN(ID, MIN), SHM_BLOCKFN(load, ID), SHM_BLOCKFN(store, ID), SHM_OP_MIN, SHM_ID, SHM_AS_IS) \
+    SHM_HALF_KERNEL(SHM_FN(ID, MAX), SHM_BLOCKFN(load, ID), SHM_BLOCKFN(store, ID), SHM_OP_MAX, SHM_ID, SHM_AS_IS) \
+    SHM_HALF_KERNEL(SHM_FN(ID, AVG), SHM_BLOCKFN(load, ID), SHM_BLOCKFN(store, ID), SHM_OP_SUM, SHM_DIVN, SHM_AS_IS) \
+    SHM_HALF_KERNEL(SHM_FN(ID, PREMUL_SUM), SHM_BLOCKFN(load, ID), SHM_BLOCKFN(store, ID), SHM_OP_SUM, SHM_ID, SHM_TIMES)
 #define SHM_ROW_HALF SHM_ROW_FLOAT
 
 /* COMPLEX: no order, so sum, product and average only. AVG divides each component by n (a
@@ -61,11 +64,12 @@
 #define SHM_CFN(ID, OP) SHM_PASTE3(baseline, ID, OP)
 #ifdef SHM_LEVEL_IS_BASELINE
 #define SHM_DEFINE_COMPLEX(ID, T, R)                                                              \
-    SHM_KERNEL(SHM_CFN(ID, SUM), T, T, SHM_ID, SHM_ID, SHM_OP_SUM, SHM_ID)                        \
-    SHM_KERNEL(SHM_CFN(ID, PRODUCT), T, T, SHM_ID, SHM_ID, SHM_OP_PROD, SHM_ID)                   \
-    static void SHM_CFN(ID, AVG)(void *dst, const void *const *srcs, int n, size_t count) {       \
+    SHM_KERNEL(SHM_CFN(ID, SUM), T, T, SHM_ID, SHM_ID, SHM_OP_SUM, SHM_ID, SHM_AS_IS)                        \
+    SHM_KERNEL(SHM_CFN(ID, PRODUCT), T, T, SHM_ID, SHM_ID, SHM_OP_PROD, SHM_ID, SHM_AS_IS)                   \
+    static void SHM_CFN(ID, AVG)(void *dst, const void *const *srcs, const double *factors, int n, \
+                                 size_t count) {                                                  \
         R *parts = (R *)dst;                                                                      \
-        SHM_CFN(ID, SUM)(dst, srcs, n, count);                                                    \
+        SHM_CFN(ID, SUM)(dst, srcs, factors, n, count);                                           \
         for (size_t i = 0; i < 2 * count; i++) parts[i] /= (R)n;                                  \
     }
 #else

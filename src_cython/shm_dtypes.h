@@ -12,7 +12,9 @@
  *           FLOAT: the helper is the type itself;
  *           HALF: stored as 16 bits, accumulated in float32 (helper: float), one rounding at the end;
  *           COMPLEX: the helper is the real component's type (AVG divides each component).
- * SHM_OP_TABLE(X) rows are X(ID); the op's code is its position, its name is #ID.
+ * SHM_OP_TABLE(X) rows are X(ID); the op's code is its position, its name is #ID. PREMUL_SUM (each
+ * source times its own factor, then summed: torch's and NCCL's scaled sum, float types only) takes
+ * per-rank factors and is served to the torch backend; shmcomm.ReduceOp leaves it out.
  */
 #ifndef SHMCOMM_DTYPES_H
 #define SHMCOMM_DTYPES_H
@@ -39,7 +41,7 @@
     X(COMPLEX128, "complex128", double _Complex, COMPLEX, double)                                 \
     X(CLONGDOUBLE, "clongdouble", long double _Complex, COMPLEX, long double)
 
-#define SHM_OP_TABLE(X) X(SUM) X(PRODUCT) X(MIN) X(MAX) X(AVG) X(BAND) X(BOR) X(BXOR)
+#define SHM_OP_TABLE(X) X(SUM) X(PRODUCT) X(MIN) X(MAX) X(AVG) X(BAND) X(BOR) X(BXOR) X(PREMUL_SUM)
 
 #define SHM_DTYPE_ENUM(ID, NAME, T, FAMILY, H) SHM_##ID,
 #define SHM_OP_ENUM(ID) SHM_##ID,

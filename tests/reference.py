@@ -19,16 +19,28 @@ from shmcomm._core import DTYPE_NAMES, OP_NAMES  # the kernels' table: what to c
 DTYPES = [BFLOAT16 if name == "bfloat16" else np.dtype(name) for name in DTYPE_NAMES
           if name != "bfloat16" or BFLOAT16 is not None]
 
-OPS = list(OP_NAMES)
+# The public ReduceOp's ops; the kernels also have PREMUL_SUM (torch's scaled sum, with factors).
+OPS = [name for name in OP_NAMES if name != "PREMUL_SUM"]
+KERNEL_OPS = list(OP_NAMES)
+
+# PREMUL_SUM factors, one per rank (each rank may scale by its own, as in NCCL).
+FACTORS = (0.5, -1.25, 3.0, 0.1)
 
 
 def ops_for(dtype: np.dtype) -> list[str]:
-    """The reduce ops the spec allows for ``dtype``."""
-    if dtype.kind in "biu":
+    """The reduce ops the spec allows for ``dtype`` (integer AVG truncates, as NCCL's)."""
+    if dtype.kind == "b":
         return ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
+    if dtype.kind in "iu":
+        return ["SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR"]
     if dtype.kind == "c":
         return ["SUM", "PRODUCT", "AVG"]
     return ["SUM", "PRODUCT", "MIN", "MAX", "AVG"]
+
+
+def kernel_ops_for(dtype: np.dtype) -> list[str]:
+    """``ops_for`` plus PREMUL_SUM, which the kernels have for real floating types."""
+    return ops_for(dtype) + (["PREMUL_SUM"] if dtype.kind == "f" or dtype == BFLOAT16 else [])
 
 
 def make_input(dtype: np.dtype, count: int, rank: int, salt: int = 0) -> np.ndarray:
@@ -51,10 +63,17 @@ def _accumulate_type(dtype: np.dtype) -> np.dtype:
     return dtype
 
 
-def reduce_reference(inputs: list[np.ndarray], op: str) -> np.ndarray:
-    """Reduce in rank order, in the accumulate type, as the spec fixes it."""
+def reduce_reference(inputs: list[np.ndarray], op: str, factors=FACTORS) -> np.ndarray:
+    """Reduce in rank order, in the accumulate type, as the spec fixes it (PREMUL_SUM: input k
+    times ``factors[k]`` in the accumulate type, rounded, then summed)."""
     dtype = inputs[0].dtype
     acc_t = _accumulate_type(dtype)
+    if op == "PREMUL_SUM":
+        with np.errstate(over="ignore", invalid="ignore"):
+            acc = inputs[0].astype(acc_t) * acc_t.type(factors[0])
+            for k, x in enumerate(inputs[1:], 1):
+                acc = (acc + (x.astype(acc_t) * acc_t.type(factors[k])).astype(acc_t)).astype(acc_t)
+        return acc.astype(dtype)
     if dtype.kind == "b":
         fn = {"SUM": np.logical_or, "PRODUCT": np.logical_and, "MIN": np.logical_and,
               "MAX": np.logical_or, "BAND": np.logical_and, "BOR": np.logical_or,
@@ -78,6 +97,10 @@ def reduce_reference(inputs: list[np.ndarray], op: str) -> np.ndarray:
             re, im = acc.real / n, acc.imag / n
             acc = np.empty_like(acc)
             acc.real, acc.imag = re, im
+        elif op == "AVG" and dtype.kind in "iu":  # the wrapped sum, truncated toward zero
+            n = len(inputs)
+            acc = np.array([(abs(int(v)) // n) * (-1 if v < 0 else 1) for v in acc.ravel()],
+                           dtype=dtype).reshape(acc.shape)
         elif op == "AVG":
             acc = (acc / acc_t.type(len(inputs))).astype(acc_t)
     return acc.astype(dtype)

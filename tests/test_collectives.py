@@ -8,7 +8,10 @@ import pytest
 
 import shmcomm as sc
 from harness import run_ranks
-from reference import DTYPES, assert_same_bits, digest, make_input, ops_for, reduce_reference
+from shmcomm import _core
+from shmcomm.group import default_group
+from reference import (BFLOAT16, DTYPES, FACTORS, assert_same_bits, digest, make_input, ops_for,
+                       reduce_reference)
 
 SIZES = [0, 1, 7, 1001]
 PIPELINED = {"SHMCOMM_SLOT_BYTES": 8192, "SHMCOMM_SMALL_BYTES": 512}
@@ -255,6 +258,55 @@ def _objects(rank, size):
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_object_collectives(world):
     assert all(run_ranks(_objects, world))
+
+
+def _premul_sum(rank, size, sizes):
+    """PREMUL_SUM (the torch backend's scaled sum; each rank scales by its own factor) on every
+    reduction path: private arrays, shared ones (zero copy), and async calls queued together
+    (batched, each with its own factors), for every floating dtype."""
+    comm = default_group()._comm
+    code, factor = _core.PREMUL_SUM, FACTORS[rank]
+    for dtype in [d for d in DTYPES if d.kind == "f" or d == BFLOAT16]:
+        for count in sizes:
+            what = f"{dtype.name} count={count}"
+            inputs = [make_input(dtype, count, r) for r in range(size)]
+            expected = reduce_reference(inputs, "PREMUL_SUM")
+            x = inputs[rank].copy()
+            comm.all_reduce(x, code, factor=factor)
+            assert_same_bits(x, expected, "all_reduce " + what)
+            z = sc.empty(count, dtype)
+            z[:] = inputs[rank]
+            comm.all_reduce(z, code, factor=factor)
+            assert_same_bits(z, expected, "zero-copy all_reduce " + what)
+            y = inputs[rank].copy()
+            comm.reduce(y, size - 1, code, factor=factor)
+            assert_same_bits(y, expected if rank == size - 1 else inputs[rank], "reduce " + what)
+            whole = [make_input(dtype, count * size, r, salt=1) for r in range(size)]
+            full = reduce_reference(whole, "PREMUL_SUM")
+            out = np.empty(count, dtype)
+            comm.reduce_scatter_into(out, whole[rank], code, factor=factor)
+            assert_same_bits(out, full[rank * count:(rank + 1) * count], "reduce_scatter " + what)
+        # several queued calls, each scaled differently: batched calls carry their own factors
+        inputs = [[make_input(dtype, 33, r, salt=j) for r in range(size)] for j in range(6)]
+        arrays = [inputs[j][rank].copy() for j in range(6)]
+        works = [comm.all_reduce(a, code, async_op=True, factor=factor * (j + 1))
+                 for j, a in enumerate(arrays)]
+        for j, w in enumerate(works):
+            w.wait()
+            scaled = [f * (j + 1) for f in FACTORS]
+            assert_same_bits(arrays[j], reduce_reference(inputs[j], "PREMUL_SUM", scaled),
+                             f"queued all_reduce {j} {dtype.name}")
+    return True
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("world,env,sizes", [
+    (1, {}, SIZES), (2, {}, SIZES), (3, {}, SIZES), (4, {}, [1, 1001]),
+    (3, PIPELINED, [3000, 20011]),
+    (2, {"SHMCOMM_CMA_BYTES": 1024, "SHMCOMM_SMALL_BYTES": 512}, [70001]),
+], ids=["1", "2", "3", "4", "pipelined-3", "single-copy-2"])
+def test_premul_sum_on_every_path(world, env, sizes):
+    assert all(run_ranks(_premul_sum, world, sizes, timeout=220, env=env))
 
 
 def _zero_copy(rank, size):

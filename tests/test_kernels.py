@@ -15,7 +15,8 @@ import pytest
 import shmcomm as sc
 from shmcomm import _core
 from harness import run_ranks
-from reference import (BFLOAT16, DTYPES, OPS, assert_same_bits, bits, digest, make_input, ops_for,
+from reference import (BFLOAT16, DTYPES, FACTORS, KERNEL_OPS, OPS, assert_same_bits, bits, digest,
+                       kernel_ops_for, make_input, ops_for,
                        reduce_reference)
 
 LEVELS = _core.simd_levels()
@@ -25,37 +26,38 @@ LENGTHS = [0, 1, 7, 8, 15, 16, 17, 31, 33, 511, 512, 513, 1031]
 
 def _reduce(inputs, op, level):
     out = np.empty_like(inputs[0])
-    _core.reduce_kernel(out, inputs, int(sc.ReduceOp[op]), level)
+    _core.reduce_kernel(out, inputs, KERNEL_OPS.index(op), level, FACTORS[:len(inputs)])
     return out
 
 
 def test_table_matches_numpy_and_the_spec():
     """The generated lists follow the C table: every dtype name is a numpy dtype of the C size,
     and the ops each dtype supports are exactly the spec's."""
-    assert [m.name for m in sc.ReduceOp] == list(_core.OP_NAMES) == OPS
+    assert [m.name for m in sc.ReduceOp] == OPS == list(_core.OP_NAMES[:-1])
     assert [int(m) for m in sc.ReduceOp] == list(range(len(OPS)))
+    assert _core.OP_NAMES[_core.PREMUL_SUM] == "PREMUL_SUM"
     stub = ast.parse(open(os.path.join(os.path.dirname(sc.__file__), "_core.pyi")).read())
     declared = next(n for n in stub.body if isinstance(n, ast.ClassDef) and n.name == "ReduceOp")
     members = [(t.targets[0].id, t.value.value) for t in declared.body if isinstance(t, ast.Assign)]
     assert members == [(m.name, int(m)) for m in sc.ReduceOp], "_core.pyi's ReduceOp differs from the table"
     assert len(DTYPES) == len(_core.DTYPE_NAMES) - (BFLOAT16 is None)
     for dtype in DTYPES:
-        for op in OPS:
+        for op in KERNEL_OPS:
             x = np.zeros(3, dtype)
             try:
-                _core.reduce_kernel(x, [x, x], int(sc.ReduceOp[op]))
+                _core.reduce_kernel(x, [x, x], KERNEL_OPS.index(op), factors=[1.0, 1.0])
                 supported = True
             except TypeError as exc:
                 assert f"op {op} " in str(exc) and "dtype" in str(exc)
                 supported = False
-            assert supported == (op in ops_for(dtype)), (dtype, op)
+            assert supported == (op in kernel_ops_for(dtype)), (dtype, op)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 def test_every_level_gives_numpys_bits(dtype):
     """Every op, length and source count: each level's output equals numpy's (reduced in rank order
     in the accumulate type, rounded once) bit for bit."""
-    for op in ops_for(dtype):
+    for op in kernel_ops_for(dtype):
         for count in LENGTHS:
             for n in (1, 2, 3, 4):
                 inputs = [make_input(dtype, count, r, salt=count) for r in range(n)]
@@ -81,7 +83,7 @@ def test_half_precision_levels_agree_on_every_bit_pattern(name):
         pytest.skip("needs ml_dtypes")
     dtype = BFLOAT16 if name == "bfloat16" else np.dtype(np.float16)
     a, b = _all_patterns(dtype)
-    for op in ops_for(dtype):
+    for op in kernel_ops_for(dtype):
         for inputs in ([a], [a, b], [b, a, a]):
             results = {level: _reduce(inputs, op, level) for level in LEVELS}
             for level, got in results.items():

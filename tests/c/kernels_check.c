@@ -42,6 +42,7 @@ int main(void) {
     static const size_t lengths[] = {1, 7, 17, 33, 513, 1031};
     size_t max = 1031 * 32;
     char *srcs[4], *dst = malloc(max);
+    static const double factors[4] = {0.5, -1.25, 3.0, 0.1}; /* PREMUL_SUM's, one per source */
     for (int k = 0; k < 4; k++) srcs[k] = malloc(max);
     for (int level = 0; level < SHM_SIMD_NLEVELS; level++) {
         if (!shm_simd_runs(level)) continue;
@@ -55,7 +56,7 @@ int main(void) {
                         size_t count = lengths[l], bytes = count * (size_t)shm_dtype_itemsizes[dtype];
                         for (int k = 0; k < n; k++) fill(dtype, srcs[k], count);
                         memset(dst, 0, bytes);
-                        shm_reduce_at(level, dst, (const void *const *)srcs, n, count, dtype, op);
+                        shm_reduce_at(level, dst, (const void *const *)srcs, factors, n, count, dtype, op);
                         for (size_t b = 0; b < bytes; b++) {
                             size_t in_elem = b % (size_t)shm_dtype_itemsizes[dtype];
                             int x87_padding = (dtype == SHM_LONGDOUBLE || dtype == SHM_CLONGDOUBLE) &&
