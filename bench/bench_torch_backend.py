@@ -80,6 +80,70 @@ def _time_ddp(ddp, opt, batch, steps: int) -> float:
     return (time.perf_counter() - start) / steps
 
 
+def _time_funcol(funcol, group, t, iters: int) -> float:
+    """A functional all_reduce waited at once, as compiled and DTensor code issues it."""
+    start = time.perf_counter()
+    for _ in range(iters):
+        out = funcol.all_reduce(t, "sum", group)
+        funcol.wait_tensor(out)
+    return (time.perf_counter() - start) / iters
+
+
+def _fsdp_model(mesh, width: int, layers: int):
+    """An MLP of ``layers`` width x width layers, each layer and the root sharded by FSDP2."""
+    import torch
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU())
+                                  for _ in range(layers)])
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def _time_fsdp(model, opt, x, steps: int) -> float:
+    start = time.perf_counter()
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        model(x).square().mean().backward()
+        opt.step()
+    return (time.perf_counter() - start) / steps
+
+
+def _tp_model(mesh):
+    """256 -> 1024 -> 256 MLP, column- then row-parallel (DTensor tensor parallelism)."""
+    import torch
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256))
+    return parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+
+
+def _time_tp(model, x, iters: int) -> float:
+    import torch
+
+    with torch.no_grad():
+        start = time.perf_counter()
+        for _ in range(iters):
+            model(x)
+        return (time.perf_counter() - start) / iters
+
+
+def _measure(groups, rounds: int, run) -> dict:
+    """``run(name, group)`` -> seconds, alternated between the backends for ``rounds`` rounds."""
+    import torch.distributed as dist
+
+    times = {name: [] for name in groups}
+    for _ in range(rounds):
+        for name, g in groups.items():
+            dist.barrier(group=g)
+            times[name].append(run(name, g))
+    return times
+
+
 def rank_main(args) -> None:
     """One rank: join both groups, measure, and print from rank 0."""
     import torch
@@ -94,71 +158,102 @@ def rank_main(args) -> None:
     rank = dist.get_rank()
     groups = {"shmcomm": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
     rounds = args.rounds
+    sections = set(args.only.split(",")) if args.only else {"latency", "ddp", "large", "funcol",
+                                                               "fsdp", "tp"}
+    rows = []  # (label, {backend: [seconds per round]}, scale, goal)
+    extra = []
 
-    # ---- 2-element all_reduce latency
-    for g in groups.values():
-        _time_allreduce(dist, g, max(args.iters // 10, 50))
-    lat = {name: [] for name in groups}
-    for _ in range(rounds):
+    if "latency" in sections:  # ---- 2-element all_reduce latency
+        for g in groups.values():
+            _time_allreduce(dist, g, max(args.iters // 10, 50))
+        lat = _measure(groups, rounds, lambda name, g: _time_allreduce(dist, g, args.iters // rounds))
+        rows.append(("all_reduce 2 x float32 (us)", lat, 1e6, 0.05))
+
+    if "funcol" in sections:  # ---- functional all_reduce of 8 KiB, waited at once
+        import torch.distributed._functional_collectives as funcol
+
+        t8k = torch.ones(2048)
+        for g in groups.values():
+            _time_funcol(funcol, g, t8k, 50)
+        fc = _measure(groups, rounds, lambda name, g: _time_funcol(funcol, g, t8k, args.iters // rounds))
+        rows.append(("functional all_reduce 8 KiB (us)", fc, 1e6, 0.03))
+
+    if "ddp" in sections:  # ---- DDP step
+        gen = torch.Generator().manual_seed(rank)
+        batch = (torch.randn(args.batch, 1024, generator=gen), torch.randn(args.batch, 16, generator=gen))
+        models = {}
         for name, g in groups.items():
-            dist.barrier(group=g)
-            lat[name].append(_time_allreduce(dist, g, args.iters // rounds))
+            model = _mlp()
+            ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=g)
+            opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+            _time_ddp(ddp, opt, batch, 3)
+            models[name] = (ddp, opt)
+        params = sum(p.numel() for p in models["shmcomm"][0].parameters())
+        step = _measure(groups, rounds, lambda name, g: _time_ddp(*models[name], batch,
+                                                                  max(args.steps // rounds, 1)))
+        same = all(torch.equal(a, b) for a, b in zip(models["shmcomm"][0].parameters(),
+                                                     models["gloo"][0].parameters()))
+        rows.append((f"DDP step {params / 1e6:.2f}M params b{args.batch} (ms)", step, 1e3, 0.77))
+        extra.append(f"DDP replicas trained identically on both backends: {same}")
 
-    # ---- DDP step
-    gen = torch.Generator().manual_seed(rank)
-    batch = (torch.randn(args.batch, 1024, generator=gen), torch.randn(args.batch, 16, generator=gen))
-    models = {}
-    for name, g in groups.items():
-        model = _mlp()
-        ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=g)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-        _time_ddp(ddp, opt, batch, 3)
-        models[name] = (ddp, opt)
-    params = sum(p.numel() for p in models["shmcomm"][0].parameters())
-    step = {name: [] for name in groups}
-    for _ in range(rounds):
-        for name, (ddp, opt) in models.items():
-            dist.barrier(group=groups[name])
-            step[name].append(_time_ddp(ddp, opt, batch, max(args.steps // rounds, 1)))
-    same = all(torch.equal(a, b) for a, b in zip(models["shmcomm"][0].parameters(),
-                                                 models["gloo"][0].parameters()))
+    if "fsdp" in sections:  # ---- FSDP2 step: 5-layer 512-wide MLP
+        from torch.distributed.device_mesh import DeviceMesh
 
-    # ---- large all_reduce per dtype (values stay small: each call sums ones into a fresh copy)
-    large = {}
-    for dtname in args.dtypes.split(","):
-        dtype = getattr(torch, dtname)
-        source = torch.ones(args.large_count, dtype=dtype)
-        tensors = {name: source.clone() for name in groups}
-        for name, g in groups.items():
-            _time_large(dist, g, tensors[name], 2)
-        times = {name: [] for name in groups}
-        for _ in range(rounds):
+        x = torch.randn(args.batch, 512, generator=torch.Generator().manual_seed(rank))
+        fsdp = {name: _fsdp_model(DeviceMesh.from_group(g, "cpu"), 512, 5) for name, g in groups.items()}
+        for name in groups:
+            _time_fsdp(*fsdp[name], x, 2)
+        times = _measure(groups, rounds, lambda name, g: _time_fsdp(*fsdp[name], x,
+                                                                    max(args.steps // rounds, 1)))
+        rows.append((f"FSDP2 step 5x512 MLP b{args.batch} (ms)", times, 1e3, 0.35))
+        same = all(torch.equal(a.full_tensor(), b.full_tensor()) for a, b in
+                   zip(fsdp["shmcomm"][0].parameters(), fsdp["gloo"][0].parameters()))
+        extra.append(f"FSDP2 models trained identically on both backends: {same}")
+
+    if "tp" in sections:  # ---- tensor-parallel MLP forward (DTensor)
+        from torch.distributed.device_mesh import DeviceMesh
+
+        x = torch.randn(8, 256, generator=torch.Generator().manual_seed(0))
+        tp = {name: _tp_model(DeviceMesh.from_group(g, "cpu")) for name, g in groups.items()}
+        for name in groups:
+            _time_tp(tp[name], x, 20)
+        times = _measure(groups, rounds, lambda name, g: _time_tp(tp[name], x, args.iters // rounds // 10))
+        rows.append(("TP MLP forward b8 256-1024-256 (us)", times, 1e6, 0.3))
+        with torch.no_grad():
+            same = torch.equal(tp["shmcomm"](x), tp["gloo"](x))
+        extra.append(f"TP forward outputs identical on both backends: {same}")
+
+    if "large" in sections:  # ---- large all_reduce per dtype (each call sums ones into a fresh copy)
+        for dtname in args.dtypes.split(","):
+            dtype = getattr(torch, dtname)
+            source = torch.ones(args.large_count, dtype=dtype)
+            tensors = {name: source.clone() for name in groups}
             for name, g in groups.items():
+                _time_large(dist, g, tensors[name], 2)
+
+            def one_round(name, g):
                 tensors[name].copy_(source)
                 dist.barrier(group=g)
-                times[name].append(_time_large(dist, g, tensors[name], args.large_iters))
-        large[dtname] = times
+                return _time_large(dist, g, tensors[name], args.large_iters)
+            goal = 0.25 if dtname in ("float16", "bfloat16") else None
+            rows.append((f"all_reduce {args.large_count / 2**20:g}M x {dtname} (ms)",
+                         _measure(groups, rounds, one_round), 1e3, goal))
 
     if rank == 0:
         world = dist.get_world_size()
         print(f"torch {torch.__version__}, world size {world}, {os.cpu_count()} CPUs"
-              f"{' (rank r pinned to CPU r)' if args.pin else ''}, "
-              f"torch threads per rank 1, {rounds} rounds of {args.iters // rounds} all_reduces and "
-              f"{max(args.steps // rounds, 1)} DDP steps per backend")
-        print(f"{'benchmark':<36}{'shmcomm':>18}{'gloo':>18}{'ratio':>8}{'goal':>9}")
-        label = f"DDP step {params / 1e6:.2f}M params b{args.batch} (ms)"
-        rows = [("all_reduce 2 x float32 (us)", lat, 1e6, 0.05), (label, step, 1e3, 0.77)]
-        for dtname, times in large.items():
-            goal = 0.25 if dtname in ("float16", "bfloat16") else None
-            rows.append((f"all_reduce {args.large_count / 2**20:g}M x {dtname} (ms)", times, 1e3, goal))
+              f"{' (rank r pinned to CPU r)' if args.pin else ''}, torch threads per rank 1, "
+              f"{rounds} rounds alternating the backends")
+        print(f"{'benchmark':<38}{'shmcomm':>18}{'gloo':>18}{'ratio':>8}{'goal':>9}")
         for name, times, scale, goal in rows:
             med = {k: statistics.median(v) * scale for k, v in times.items()}
             best = {k: min(v) * scale for k, v in times.items()}
             cells = "".join(f"{med[k]:>10.2f} [{best[k]:>5.4g}]" for k in ("shmcomm", "gloo"))
             ratio = med["shmcomm"] / med["gloo"]
             verdict = "" if goal is None else f"{'<= ' + str(goal):>9}  {'met' if ratio <= goal else 'MISSED'}"
-            print(f"{name:<36}{cells}{ratio:>8.3f}{verdict}")
-        print(f"DDP replicas trained identically on both backends: {same}")
+            print(f"{name:<38}{cells}{ratio:>8.3f}{verdict}")
+        for line in extra:
+            print(line)
     dist.destroy_process_group()
 
 
@@ -179,6 +274,7 @@ def main(argv=None) -> int:
     parser.add_argument("--large-count", type=int, default=8 << 20, help="elements of the large all_reduce")
     parser.add_argument("--large-iters", type=int, default=10, help="large all_reduces per round")
     parser.add_argument("--dtypes", default="float32,float16,bfloat16", help="dtypes of the large all_reduce")
+    parser.add_argument("--only", default="", help="comma list of sections: latency,funcol,ddp,fsdp,tp,large")
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.rank is not None:
@@ -192,7 +288,7 @@ def main(argv=None) -> int:
         cmd = [sys.executable, os.path.abspath(__file__), "-n", str(args.n), "--iters", str(args.iters),
                "--steps", str(args.steps), "--batch", str(args.batch), "--rounds", str(args.rounds),
                "--large-count", str(args.large_count), "--large-iters", str(args.large_iters),
-               "--dtypes", args.dtypes, "--rank", str(r)] + (["--pin"] if args.pin else [])
+               "--dtypes", args.dtypes, "--only", args.only, "--rank", str(r)] + (["--pin"] if args.pin else [])
         procs.append(subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r))))
     codes = [p.wait() for p in procs]
     return next((c for c in codes if c), 0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+import weakref
 from typing import Sequence
 
 from shmcomm import _core
@@ -44,6 +45,7 @@ class ProcessGroup(_core.GroupCore):
         self._p2p = _core.P2PEngine(comm)
         self._subgroups = 0
         self._destroyed = False
+        _alive.add(self)
 
     # ---- identity ---------------------------------------------------------------------------
     @property
@@ -70,11 +72,19 @@ class ProcessGroup(_core.GroupCore):
         return f"<shmcomm.ProcessGroup {self._name} rank={self.rank} size={self.size}>"
 
     # ---- running operations -----------------------------------------------------------------
-    def _op(self, fn, args: tuple, outputs: list, async_op: bool):
+    def run(self, fn, args: tuple, outputs: list, async_op: bool):
         """Run ``fn(*args)`` in issue order: a Work if ``async_op``, else None once it ran.
 
-        A Communicator entry point runs as that collective; any other callable (a composite op
-        of the torch adapter) runs whole, its collectives inside it, before the next op starts.
+        A Communicator entry point (``pg._comm.all_reduce``, ...) runs as that collective; any
+        other callable (a composite operation, such as the torch backend's coalesced calls) runs
+        whole, the collectives it calls inside it, before the next operation starts. ``outputs``
+        is what the Work's ``result()`` returns.
+
+        Example::
+
+            def both(a, b):
+                pg._comm.all_reduce(a, 0); pg._comm.broadcast(b, 0)
+            pg.run(both, (x, y), [x, y], async_op=True).wait()
         """
         if self._destroyed:
             raise ValueError(f"process group {self._name} was destroyed")
@@ -193,10 +203,20 @@ class ProcessGroup(_core.GroupCore):
         return shared_arrays.empty(self, shape, dtype)
 
     # ---- teardown -----------------------------------------------------------------------------
-    def _destroy(self) -> None:
+    def destroy(self) -> None:
+        """Release this group's shared memory once its queued operations ran (idempotent).
+
+        ``destroy_process_group`` calls it and also forgets the group; a group made outside the
+        module's registry (the torch backend's) is destroyed with this alone.
+
+        Example::
+
+            pg.destroy()
+        """
         if self._destroyed:
             return
         self._destroyed = True
+        _alive.discard(self)
         if os.getpid() != self._comm.owner_pid:
             self._comm.close()  # a forked child: forget the group, the parent is still in it
             return
@@ -387,14 +407,18 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
                 _default = None
                 _core.set_default_group(None)
     for g in victims:
-        g._destroy()
+        g.destroy()
+
+
+# Every group not destroyed yet, whoever made it (this module, the torch backend).
+_alive: "weakref.WeakSet[ProcessGroup]" = weakref.WeakSet()
 
 
 @atexit.register
 def _leave_at_exit() -> None:
     # Peers waiting on this rank learn it left instead of waiting for the liveness check.
-    for g in list(_groups):
+    for g in list(_alive):
         try:
-            g._destroy()
+            g.destroy()
         except Exception:  # noqa: BLE001 - best effort at interpreter exit
             pass

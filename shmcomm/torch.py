@@ -37,20 +37,20 @@ def _autoload() -> None:
         warnings.warn(f"shmcomm: torch backend not registered: {exc}", RuntimeWarning, stacklevel=2)
 
 
-import atexit  # noqa: E402 - _autoload must exist before `import torch` runs it
-import datetime  # noqa: E402
+import datetime  # noqa: E402 - _autoload must exist before `import torch` runs it
+import functools  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 import socket  # noqa: E402
 import threading  # noqa: E402
 import uuid  # noqa: E402
 import warnings  # noqa: E402
-import weakref  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from shmcomm import _core  # noqa: E402
+from shmcomm.buffer_pool import BufferPool  # noqa: E402
 from shmcomm.errors import ShmcommError  # noqa: E402
 from shmcomm.group import ProcessGroup as _ShmGroup  # noqa: E402
 from shmcomm.ops import ReduceOp  # noqa: E402
@@ -79,18 +79,17 @@ _NATIVE = frozenset(getattr(torch, name) for name in _core.DTYPE_NAMES if hasatt
 _FAST = _NATIVE - {getattr(torch, "complex64", None), getattr(torch, "complex128", None)}
 
 
+# ---- reduce ops: torch's ReduceOp -> (shmcomm op code, PREMUL_SUM factor) ------------------------
 def _reduce_codes() -> dict:
-    """torch's RedOpType value -> shmcomm op code, matched by name (PREMUL_SUM has no match)."""
+    """torch's RedOpType value -> shmcomm op code, matched by name."""
     if not _HAVE_DIST:
         return {}
-    codes = {}
-    for name, member in dist.ReduceOp.RedOpType.__members__.items():
-        if name in ReduceOp.__members__:
-            codes[int(member)] = int(ReduceOp[name])
-    return codes
+    return {int(member): _core.OP_NAMES.index(name)
+            for name, member in dist.ReduceOp.RedOpType.__members__.items() if name in _core.OP_NAMES}
 
 
 _REDUCE_CODES = _reduce_codes()
+_PREMUL_SUM = _core.PREMUL_SUM
 
 
 def _hash_codes() -> dict:
@@ -100,36 +99,48 @@ def _hash_codes() -> dict:
         return {}
     opts, codes = _c10d.AllreduceOptions(), {}
     for name, member in dist.ReduceOp.RedOpType.__members__.items():
-        if name == "PREMUL_SUM":
-            continue
-        opts.reduceOp = dist.ReduceOp(member)
+        opts.reduceOp = dist._make_nccl_premul_sum(1.0) if name == "PREMUL_SUM" else dist.ReduceOp(member)
         codes[hash(opts.reduceOp)] = _REDUCE_CODES.get(int(member))
-    distinct = len(codes) == len(dist.ReduceOp.RedOpType.__members__) - 1
+    distinct = len(codes) == len(dist.ReduceOp.RedOpType.__members__)
     return codes if distinct and None not in codes.values() else {}
 
 
-def _op_code(reduce_op) -> int:
-    """The shmcomm op code of the ``ReduceOp`` in a torch options object."""
-    try:
-        return _HASHED_CODES[hash(reduce_op)] if type(reduce_op) is _ReduceOpType else _slow_code(reduce_op)
-    except KeyError:
-        return _slow_code(reduce_op)
+def _reduction(reduce_op) -> tuple[int, float]:
+    """The shmcomm op code of a torch ``ReduceOp``, and its factor (1.0 unless PREMUL_SUM).
 
+    Example::
 
-def _slow_code(reduce_op) -> int:
-    kind = getattr(reduce_op, "op", reduce_op)
-    code = _REDUCE_CODES.get(int(kind))
+        >>> _reduction(dist._make_nccl_premul_sum(0.5))[1]
+        0.5
+    """
+    code = _HASHED_CODES.get(hash(reduce_op)) if type(reduce_op) is _ReduceOpType else None
     if code is None:
-        name = getattr(kind, "name", str(kind))
-        raise ValueError(f"shmcomm does not support ReduceOp.{name} (PREMUL_SUM is NCCL only); use "
-                         f"SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR or BXOR")
-    return code
+        kind = getattr(reduce_op, "op", reduce_op)
+        code = _REDUCE_CODES.get(int(kind))
+        if code is None:
+            raise ValueError(f"shmcomm does not support ReduceOp {getattr(kind, 'name', kind)}")
+    if code != _PREMUL_SUM:
+        return code, 1.0
+    return code, _premul_factor(reduce_op)
+
+
+def _premul_factor(reduce_op) -> float:
+    """The factor of ``ReduceOp.PREMUL_SUM(factor)`` (a number, or a one-element tensor)."""
+    factor = reduce_op.__getstate__()[1]
+    if isinstance(factor, torch.Tensor):
+        if factor.numel() != 1:
+            raise ValueError(f"PREMUL_SUM's factor must be a scalar or a one-element tensor, got a "
+                             f"tensor of shape {tuple(factor.shape)}")
+        factor = factor.item()
+    if isinstance(factor, complex):
+        raise TypeError(f"PREMUL_SUM's factor must be real, got {factor}")
+    return float(factor)
 
 
 _ReduceOpType = dist.ReduceOp if _HAVE_DIST else None
 try:
     _HASHED_CODES = _hash_codes()
-except Exception:  # noqa: BLE001 - an optimisation only: fall back to reading `.op`
+except Exception:  # noqa: BLE001 - an optimisation only: _reduction falls back to reading `.op`
     _HASHED_CODES = {}
 
 
@@ -143,12 +154,20 @@ def _seconds(timeout) -> float | None:
     return timeout if timeout > 0 else None
 
 
-# ---- staging: contiguous native buffers for the core --------------------------------------------
+# ---- tensors: the core takes contiguous native tensors by pointer; the rest through a copy -------
+def _fast(t) -> bool:
+    """True for a tensor the core takes as it is, by its data pointer (the common case)."""
+    return (type(t) is torch.Tensor and t.dtype in _FAST and t.is_contiguous() and t.is_cpu
+            and not t.is_neg())
+
+
 def _stage(t: torch.Tensor, reducing: bool, argname: str):
     """Return ``(buffer, dense)``: ``buffer`` goes to the core; ``dense`` is the contiguous tensor
-    to copy back into ``t`` after an output was written, or None when ``buffer`` is ``t``'s memory."""
+    to copy back into ``t`` after an output was written, or None when ``buffer`` is ``t`` itself."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{argname} must be a torch.Tensor, got {type(t).__name__}")
+    if _fast(t):
+        return t, None
     if t.layout is not torch.strided:
         raise TypeError(f"{argname}: shmcomm supports dense tensors only, got layout {t.layout}")
     if t.device.type != "cpu":
@@ -164,12 +183,17 @@ def _stage(t: torch.Tensor, reducing: bool, argname: str):
     return buf, (None if dense is t else dense)
 
 
-class _Staging:
-    """Buffers for one operation, and the copies back into non-contiguous outputs afterwards."""
+class _Call:
+    """The core calls of one torch operation and the copies back into non-contiguous outputs.
 
-    __slots__ = ("backs",)
+    Most operations are one call on tensors the core takes as they are: they go straight to the
+    core. Coalesced ones, and those needing copies, run as one composite operation (`_composite`).
+    """
+
+    __slots__ = ("calls", "backs")
 
     def __init__(self):
+        self.calls = []
         self.backs = []
 
     def input(self, t, reducing=False, argname="tensor"):
@@ -181,23 +205,23 @@ class _Staging:
             self.backs.append((t, dense))
         return buf
 
-    def finish(self):
-        for t, dense in self.backs:
-            t.copy_(dense)
+
+def _scaled(reduce_fn, factor: float):
+    """The core's reduction entry point, with PREMUL_SUM's factor bound when there is one."""
+    return reduce_fn if factor == 1.0 else functools.partial(reduce_fn, factor=factor)
 
 
-def _fast(t) -> bool:
-    """True for a tensor the core takes as it is (the common case: no staging at all)."""
-    return (type(t) is torch.Tensor and t.dtype in _FAST and t.is_contiguous() and t.is_cpu
-            and not t.is_neg())
+def _call_each(fn, *args) -> None:
+    """For composite operations whose calls differ in their core function: args[0](*args[1:])."""
+    fn(*args)
 
 
-def _direct(t):
-    """What the core gets for a ``_fast`` tensor: a numpy view of its memory (cheaper for the core
-    to take than the tensor), or the tensor itself for bfloat16, which numpy lacks."""
-    if t.dtype is torch.bfloat16:
-        return t
-    return t.detach().numpy() if t.requires_grad else t.numpy()
+def _composite(fn, calls, backs) -> None:
+    """``fn(*args)`` for each args of ``calls`` (inside one queued operation), then the copies back."""
+    for args in calls:
+        fn(*args)
+    for t, dense in backs:
+        t.copy_(dense)
 
 
 # ---- Work ---------------------------------------------------------------------------------------
@@ -382,9 +406,6 @@ def _rendezvous(store, rank: int, size: int, group_name: str) -> tuple[str, str]
 
 
 # ---- the process group ------------------------------------------------------------------------------
-_live: "weakref.WeakSet[ShmcommProcessGroup]" = weakref.WeakSet()
-
-
 class ShmcommProcessGroup(_ProcessGroupBase):
     """A ``torch.distributed.ProcessGroup`` whose CPU collectives run over shared memory.
 
@@ -410,7 +431,7 @@ class ShmcommProcessGroup(_ProcessGroupBase):
         members = list(global_ranks) if global_ranks else list(range(size))
         self._pg = _ShmGroup(comm, members, f"{job}.pg")
         self._comm = comm
-        _live.add(self)
+        self._pool = BufferPool(self._pg)
 
     # ---- identity ------------------------------------------------------------------------------
     def getBackendName(self) -> str:  # noqa: N802 - name fixed by torch's C++ trampoline
@@ -462,32 +483,32 @@ class ShmcommProcessGroup(_ProcessGroupBase):
         return (f"<shmcomm.torch.ShmcommProcessGroup {self._group_name!r} rank={self._rank} "
                 f"size={self._size}>")
 
-    # ---- running -------------------------------------------------------------------------------
-    def _run(self, fn, args: tuple, outputs, async_op: bool) -> ShmcommWork:
-        return ShmcommWork(self._pg._op(fn, args, outputs, async_op), outputs)
+    # ---- running: every method below is an adapter onto one of these two ------------------------
+    def _go(self, fn, args: tuple, outputs: list, async_op: bool) -> ShmcommWork:
+        """One core call on tensors it takes as they are: straight to the core."""
+        return ShmcommWork(self._pg.run(fn, args, outputs, async_op), outputs)
 
-    def _run_staged(self, stage: _Staging, fn, args: tuple, outputs, async_op: bool) -> ShmcommWork:
-        if stage.backs:
-            def staged(*a):
-                fn(*a)
-                stage.finish()
-            return self._run(staged, args, outputs, async_op)
-        return self._run(fn, args, outputs, async_op)
+    def _go_all(self, fn, call: _Call, outputs: list, async_op: bool) -> ShmcommWork:
+        """``fn(*args)`` for each args of ``call.calls``, as one operation, then the copies back."""
+        if len(call.calls) == 1 and not call.backs:
+            return self._go(fn, call.calls[0], outputs, async_op)
+        return ShmcommWork(self._pg.run(_composite, (fn, call.calls, call.backs), outputs, async_op),
+                           outputs)
 
     # ---- reductions ----------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
-        """All-reduce each tensor of ``tensors`` in place (``dist.all_reduce``).
+        """All-reduce each tensor of ``tensors`` in place (``dist.all_reduce``); every ReduceOp,
+        PREMUL_SUM included (each rank's tensor times its factor, summed in one pass).
 
         Example::
 
             dist.all_reduce(t, op=dist.ReduceOp.AVG)
         """
         opts = opts if opts is not None else _c10d.AllreduceOptions()
-        code = _op_code(opts.reduceOp)
-        if len(tensors) == 1 and _fast(tensors[0]):
-            return ShmcommWork(self._pg._op(self._comm.all_reduce, (_direct(tensors[0]), code), tensors,
-                                            opts.asyncOp), tensors)
-        return self._all_reduce_many(tensors, code, opts.asyncOp)
+        code, factor = _reduction(opts.reduceOp)
+        if len(tensors) == 1 and factor == 1.0 and _fast(tensors[0]):  # the hot path
+            return self._go(self._comm.all_reduce, (tensors[0], code), tensors, opts.asyncOp)
+        return self._reduce_each(_scaled(self._comm.all_reduce, factor), tensors, (code,), opts.asyncOp)
 
     def allreduce_coalesced(self, tensors, opts=None):
         """All-reduce several tensors as one operation (``dist.all_reduce_coalesced``).
@@ -497,17 +518,8 @@ class ShmcommProcessGroup(_ProcessGroupBase):
             dist.all_reduce_coalesced([w, b])
         """
         opts = opts if opts is not None else _c10d.AllreduceCoalescedOptions()
-        return self._all_reduce_many(tensors, _op_code(opts.reduceOp), opts.asyncOp)
-
-    def _all_reduce_many(self, tensors, code, async_op):
-        stage = _Staging()
-        bufs = [stage.output(t, True, f"tensors[{i}]") for i, t in enumerate(tensors)]
-        reduce_one = self._comm.all_reduce
-
-        def run():
-            for b in bufs:
-                reduce_one(b, code)
-        return self._run_staged(stage, run, (), list(tensors), async_op)
+        code, factor = _reduction(opts.reduceOp)
+        return self._reduce_each(_scaled(self._comm.all_reduce, factor), tensors, (code,), opts.asyncOp)
 
     def reduce(self, tensors, opts=None):
         """Reduce into the tensor of rank ``opts.rootRank`` (``dist.reduce``).
@@ -517,15 +529,14 @@ class ShmcommProcessGroup(_ProcessGroupBase):
             dist.reduce(t, dst=0)
         """
         opts = opts if opts is not None else _c10d.ReduceOptions()
-        code, root = _op_code(opts.reduceOp), opts.rootRank
-        stage = _Staging()
-        bufs = [stage.output(t, True) for t in tensors]
-        reduce_one = self._comm.reduce
+        code, factor = _reduction(opts.reduceOp)
+        return self._reduce_each(_scaled(self._comm.reduce, factor), tensors, (opts.rootRank, code),
+                                 opts.asyncOp)
 
-        def run():
-            for b in bufs:
-                reduce_one(b, root, code)
-        return self._run_staged(stage, run, (), list(tensors), opts.asyncOp)
+    def _reduce_each(self, fn, tensors, rest: tuple, async_op: bool) -> ShmcommWork:
+        call = _Call()
+        call.calls = [(call.output(t, True, f"tensors[{i}]"), *rest) for i, t in enumerate(tensors)]
+        return self._go_all(fn, call, list(tensors), async_op)
 
     def reduce_scatter(self, output_tensors, input_lists, opts=None):
         """``output_tensors[0]`` on rank r = reduction of every rank's ``input_lists[0][r]``.
@@ -535,17 +546,14 @@ class ShmcommProcessGroup(_ProcessGroupBase):
             dist.reduce_scatter(out, [torch.ones(4) for _ in range(world)])
         """
         opts = opts if opts is not None else _c10d.ReduceScatterOptions()
-        code = _op_code(opts.reduceOp)
-        stage = _Staging()
-        pairs = [(stage.output(o, True, "output"), [stage.input(t, True, "input_list[i]") for t in ins])
-                 for o, ins in zip(output_tensors, input_lists)]
+        code, factor = _reduction(opts.reduceOp)
         self._check_pairs(output_tensors, input_lists)
-        scatter_one = self._comm.reduce_scatter
-
-        def run():
-            for out, ins in pairs:
-                scatter_one(out, ins, code)
-        return self._run_staged(stage, run, (), list(output_tensors), opts.asyncOp)
+        call = _Call()
+        call.calls = [(call.output(o, True, "output"),
+                       [call.input(t, True, f"input_list[{q}]") for q, t in enumerate(ins)], code)
+                      for o, ins in zip(output_tensors, input_lists)]
+        return self._go_all(_scaled(self._comm.reduce_scatter, factor), call, list(output_tensors),
+                            opts.asyncOp)
 
     def reduce_scatter_single(self, output, input, opts=None):
         """Reduce-scatter of one input holding world_size blocks (``dist.reduce_scatter_tensor``).
@@ -554,37 +562,24 @@ class ShmcommProcessGroup(_ProcessGroupBase):
 
             dist.reduce_scatter_tensor(out, torch.ones(world * out.numel()))
         """
-        opts = opts if opts is not None else _c10d.ReduceScatterOptions()
-        code = _op_code(opts.reduceOp)
-        if _fast(output) and _fast(input):
-            return self._run(self._comm.reduce_scatter_into, (_direct(output), _direct(input), code),
-                             [output], opts.asyncOp)
-        stage = _Staging()
-        args = (stage.output(output, True, "output"), stage.input(input, True, "input"), code)
-        return self._run_staged(stage, self._comm.reduce_scatter_into, args, [output], opts.asyncOp)
-
-    _reduce_scatter_base = reduce_scatter_single
+        return self.reduce_scatter_single_coalesced([output], [input], opts)
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        """``reduce_scatter_single`` on each (output, input) pair, as one operation.
+        """``reduce_scatter_single`` on each (output, input) pair, as one operation
+        (``funcol.reduce_scatter_tensor_coalesced``, ``dist._coalescing_manager``).
 
         Example::
 
             with dist._coalescing_manager(): dist.reduce_scatter_tensor(out, inp)
         """
         opts = opts if opts is not None else _c10d.ReduceScatterOptions()
-        code = _op_code(opts.reduceOp)
-        stage = _Staging()
-        pairs = [(stage.output(o, True, "output"), stage.input(i, True, "input"))
-                 for o, i in zip(outputs, inputs)]
-        one = self._comm.reduce_scatter_into
-
-        def run():
-            for o, i in pairs:
-                one(o, i, code)
-        return self._run_staged(stage, run, (), list(outputs), opts.asyncOp)
-
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+        code, factor = _reduction(opts.reduceOp)
+        self._check_pairs(outputs, inputs)
+        call = _Call()
+        call.calls = [(call.output(o, True, "output"), call.input(i, True, "input"), code)
+                      for o, i in zip(outputs, inputs)]
+        return self._go_all(_scaled(self._comm.reduce_scatter_into, factor), call, list(outputs),
+                            opts.asyncOp)
 
     # ---- data movement -------------------------------------------------------------------------
     def broadcast(self, tensors, opts=None):
@@ -596,19 +591,10 @@ class ShmcommProcessGroup(_ProcessGroupBase):
         """
         opts = opts if opts is not None else _c10d.BroadcastOptions()
         root = opts.rootRank
-        if len(tensors) == 1 and _fast(tensors[0]):
-            return self._run(self._comm.broadcast, (_direct(tensors[0]), root), tensors, opts.asyncOp)
-        stage = _Staging()
-        if root == self._rank:
-            bufs = [stage.input(t) for t in tensors]
-        else:
-            bufs = [stage.output(t) for t in tensors]
-        one = self._comm.broadcast
-
-        def run():
-            for b in bufs:
-                one(b, root)
-        return self._run_staged(stage, run, (), list(tensors), opts.asyncOp)
+        call = _Call()
+        stage = call.input if root == self._rank else call.output
+        call.calls = [(stage(t, argname=f"tensors[{i}]"), root) for i, t in enumerate(tensors)]
+        return self._go_all(self._comm.broadcast, call, list(tensors), opts.asyncOp)
 
     def allgather(self, output_lists, input_tensors, opts=None):
         """``output_lists[0][q]`` receives rank q's ``input_tensors[0]`` (``dist.all_gather``).
@@ -621,34 +607,24 @@ class ShmcommProcessGroup(_ProcessGroupBase):
         """
         opts = opts if opts is not None else _c10d.AllgatherOptions()
         self._check_pairs(input_tensors, output_lists)
-        stage = _Staging()
-        steps = []
+        call = _Call()
         for inp, outs in zip(input_tensors, output_lists):
             outs = list(outs)
             if len(outs) != self._size:
                 raise ValueError(f"all_gather needs world_size={self._size} output tensors, got {len(outs)}")
-            even = all(o.numel() == inp.numel() and o.dtype == inp.dtype for o in outs)
-            if even:
-                steps.append((True, [stage.output(o, argname="output") for o in outs],
-                              stage.input(inp, argname="input")))
-            else:
-                bufs = [stage.output(o, argname="output") for o in outs]
-                bufs[self._rank] = stage.input(inp, argname="input")
-                steps.append((False, bufs, None))
-                if outs[self._rank].numel() != inp.numel():
-                    raise ValueError(f"all_gather: output_tensor_list[{self._rank}] has "
-                                     f"{outs[self._rank].numel()} elements but the input has {inp.numel()}")
-                stage.backs.append((outs[self._rank], inp))
-        gather, bcast = self._comm.all_gather, self._comm.broadcast
-
-        def run():
-            for even, outs, inp in steps:
-                if even:
-                    gather(outs, inp)
-                else:  # uneven sizes: rank q's tensor reaches everyone by a broadcast from q
-                    for q, buf in enumerate(outs):
-                        bcast(buf, q)
-        return self._run_staged(stage, run, (), list(output_lists), opts.asyncOp)
+            if all(o.numel() == inp.numel() and o.dtype == inp.dtype for o in outs):
+                call.calls.append((self._comm.all_gather, [call.output(o, argname="output") for o in outs],
+                                   call.input(inp, argname="input")))
+                continue
+            # uneven sizes: rank q's tensor reaches everyone by a broadcast from q
+            if outs[self._rank].numel() != inp.numel():
+                raise ValueError(f"all_gather: output_tensor_list[{self._rank}] has "
+                                 f"{outs[self._rank].numel()} elements but the input has {inp.numel()}")
+            for q, o in enumerate(outs):
+                buf = call.input(inp, argname="input") if q == self._rank else call.output(o, argname="output")
+                call.calls.append((self._comm.broadcast, buf, q))
+            call.backs.append((outs[self._rank], inp))
+        return self._go_all(_call_each, call, list(output_lists), opts.asyncOp)
 
     def all_gather_single(self, output, input, opts=None):
         """Gather every rank's ``input`` into ``output``, rank-major (``dist.all_gather_into_tensor``).
@@ -657,15 +633,22 @@ class ShmcommProcessGroup(_ProcessGroupBase):
 
             out = torch.empty(world * t.numel()); dist.all_gather_into_tensor(out, t)
         """
-        opts = opts if opts is not None else _c10d.AllgatherOptions()
-        if _fast(output) and _fast(input):
-            return self._run(self._comm.all_gather_into, (_direct(output), _direct(input)), [output],
-                             opts.asyncOp)
-        stage = _Staging()
-        args = (stage.output(output, argname="output"), stage.input(input, argname="input"))
-        return self._run_staged(stage, self._comm.all_gather_into, args, [output], opts.asyncOp)
+        return self.all_gather_single_coalesced([output], [input], opts)
 
-    _allgather_base = all_gather_single
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        """``all_gather_single`` on each (output, input) pair, as one operation
+        (``funcol.all_gather_into_tensor_coalesced``, ``dist._coalescing_manager``).
+
+        Example::
+
+            with dist._coalescing_manager(): dist.all_gather_into_tensor(out, t)
+        """
+        opts = opts if opts is not None else _c10d.AllgatherOptions()
+        self._check_pairs(outputs, inputs)
+        call = _Call()
+        call.calls = [(call.output(o, argname="output"), call.input(i, argname="input"))
+                      for o, i in zip(outputs, inputs)]
+        return self._go_all(self._comm.all_gather_into, call, list(outputs), opts.asyncOp)
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
         """``output_lists[q][i]`` receives rank q's ``input_tensors[i]`` (``dist.all_gather_coalesced``).
@@ -678,38 +661,12 @@ class ShmcommProcessGroup(_ProcessGroupBase):
         if len(output_lists) != self._size:
             raise ValueError(f"all_gather_coalesced needs world_size={self._size} output lists, "
                              f"got {len(output_lists)}")
-        stage = _Staging()
-        steps = []
-        for i, inp in enumerate(input_tensors):
-            outs = [stage.output(output_lists[q][i], argname=f"output_tensor_lists[{q}][{i}]")
-                    for q in range(self._size)]
-            steps.append((outs, stage.input(inp, argname=f"input_tensor_list[{i}]")))
-        gather = self._comm.all_gather
-
-        def run():
-            for outs, inp in steps:
-                gather(outs, inp)
-        return self._run_staged(stage, run, (), list(output_lists), opts.asyncOp)
-
-    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
-        """``all_gather_single`` on each (output, input) pair, as one operation.
-
-        Example::
-
-            with dist._coalescing_manager(): dist.all_gather_into_tensor(out, t)
-        """
-        opts = opts if opts is not None else _c10d.AllgatherOptions()
-        stage = _Staging()
-        pairs = [(stage.output(o, argname="output"), stage.input(i, argname="input"))
-                 for o, i in zip(outputs, inputs)]
-        one = self._comm.all_gather_into
-
-        def run():
-            for o, i in pairs:
-                one(o, i)
-        return self._run_staged(stage, run, (), list(outputs), opts.asyncOp)
-
-    allgather_into_tensor_coalesced = all_gather_single_coalesced
+        call = _Call()
+        call.calls = [([call.output(output_lists[q][i], argname=f"output_tensor_lists[{q}][{i}]")
+                        for q in range(self._size)],
+                       call.input(inp, argname=f"input_tensor_list[{i}]"))
+                      for i, inp in enumerate(input_tensors)]
+        return self._go_all(self._comm.all_gather, call, list(output_lists), opts.asyncOp)
 
     def gather(self, output_lists, input_tensors, opts=None):
         """Rank ``opts.rootRank`` receives every rank's tensor in ``output_lists[0]`` (``dist.gather``).
@@ -722,16 +679,15 @@ class ShmcommProcessGroup(_ProcessGroupBase):
         root = opts.rootRank
         if len(input_tensors) != 1:
             raise ValueError(f"gather takes one input tensor, got {len(input_tensors)}")
-        stage = _Staging()
-        inp = stage.input(input_tensors[0], argname="input")
+        call = _Call()
         outs = None
         if self._rank == root:
             if len(output_lists) != 1 or len(output_lists[0]) != self._size:
                 raise ValueError(f"gather on the destination needs one list of world_size={self._size} "
                                  f"tensors")
-            outs = [stage.output(o, argname=f"gather_list[{q}]") for q, o in enumerate(output_lists[0])]
-        return self._run_staged(stage, self._comm.gather, (inp, outs, root), list(output_lists),
-                                opts.asyncOp)
+            outs = [call.output(o, argname=f"gather_list[{q}]") for q, o in enumerate(output_lists[0])]
+        call.calls = [(call.input(input_tensors[0], argname="input"), outs, root)]
+        return self._go_all(self._comm.gather, call, list(output_lists), opts.asyncOp)
 
     def scatter(self, output_tensors, input_lists, opts=None):
         """Rank q's ``output_tensors[0]`` receives ``input_lists[0][q]`` of rank ``opts.rootRank``.
@@ -744,15 +700,14 @@ class ShmcommProcessGroup(_ProcessGroupBase):
         root = opts.rootRank
         if len(output_tensors) != 1:
             raise ValueError(f"scatter takes one output tensor, got {len(output_tensors)}")
-        stage = _Staging()
-        out = stage.output(output_tensors[0], argname="output")
+        call = _Call()
         ins = None
         if self._rank == root:
             if len(input_lists) != 1 or len(input_lists[0]) != self._size:
                 raise ValueError(f"scatter on the source needs one list of world_size={self._size} tensors")
-            ins = [stage.input(t, argname=f"scatter_list[{q}]") for q, t in enumerate(input_lists[0])]
-        return self._run_staged(stage, self._comm.scatter, (out, ins, root), list(output_tensors),
-                                opts.asyncOp)
+            ins = [call.input(t, argname=f"scatter_list[{q}]") for q, t in enumerate(input_lists[0])]
+        call.calls = [(call.output(output_tensors[0], argname="output"), ins, root)]
+        return self._go_all(self._comm.scatter, call, list(output_tensors), opts.asyncOp)
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         """``output_tensors[q]`` on rank r receives ``input_tensors[r]`` of rank q (``dist.all_to_all``).
@@ -771,25 +726,18 @@ class ShmcommProcessGroup(_ProcessGroupBase):
         dtypes = {t.dtype for t in (*output_tensors, *input_tensors)}
         if len(dtypes) != 1:
             raise ValueError(f"all_to_all tensors must share one dtype, got {sorted(map(str, dtypes))}")
-        # One packed exchange of split sizes keeps every rank on the same path even when only some
-        # pairs of ranks exchange pieces of different sizes.
+        # One packed exchange of element counts keeps every rank on the same path even when only
+        # some pairs of ranks exchange pieces of different sizes.
         inp = torch.cat([t.reshape(-1) for t in input_tensors]) if n else torch.empty(0)
         out = torch.empty(sum(t.numel() for t in output_tensors), dtype=inp.dtype)
-        in_splits = [t.numel() for t in input_tensors]
-        out_splits = [t.numel() for t in output_tensors]
-        stage = _Staging()
-        out_buf, in_buf = stage.output(out, argname="output"), stage.input(inp, argname="input")
+        call = _Call()
+        out_buf, in_buf = call.output(out, argname="output"), call.input(inp, argname="input")
         scale = 1 if out_buf.dtype == out.dtype else out.element_size()  # bytes for byte views
-        in_splits = [s * scale for s in in_splits]
-        out_splits = [s * scale for s in out_splits]
-        exchange = self._comm.all_to_all_single
-
-        def run():
-            exchange(out_buf, in_buf, out_splits, in_splits)
-            stage.finish()
-            for t, piece in zip(output_tensors, torch.split(out, [t.numel() for t in output_tensors])):
-                t.copy_(piece.view(t.shape))
-        return self._run(run, (), list(output_tensors), opts.asyncOp)
+        call.calls = [(out_buf, in_buf, [t.numel() * scale for t in output_tensors],
+                       [t.numel() * scale for t in input_tensors])]
+        pieces = torch.split(out, [t.numel() for t in output_tensors])
+        call.backs = [(t, piece.view(t.shape)) for t, piece in zip(output_tensors, pieces)]
+        return self._go_all(self._comm.all_to_all_single, call, list(output_tensors), opts.asyncOp)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         """All-to-all of single tensors split along dim 0 (``dist.all_to_all_single``); empty split
@@ -800,16 +748,15 @@ class ShmcommProcessGroup(_ProcessGroupBase):
             dist.all_to_all_single(out, inp, [1, 3], [2, 2])
         """
         opts = opts if opts is not None else _c10d.AllToAllOptions()
-        stage = _Staging()
-        out_buf = stage.output(output, argname="output")
-        in_buf = stage.input(input, argname="input")
         if output.dtype != input.dtype:
             raise ValueError(f"all_to_all_single: output dtype {output.dtype} differs from input "
                              f"dtype {input.dtype}")
-        out_splits = self._splits(output, out_buf, output_split_sizes, "output_split_sizes")
-        in_splits = self._splits(input, in_buf, input_split_sizes, "input_split_sizes")
-        return self._run_staged(stage, self._comm.all_to_all_single,
-                                (out_buf, in_buf, out_splits, in_splits), [output], opts.asyncOp)
+        call = _Call()
+        out_buf = call.output(output, argname="output")
+        in_buf = call.input(input, argname="input")
+        call.calls = [(out_buf, in_buf, self._splits(output, out_buf, output_split_sizes, "output_split_sizes"),
+                       self._splits(input, in_buf, input_split_sizes, "input_split_sizes"))]
+        return self._go_all(self._comm.all_to_all_single, call, [output], opts.asyncOp)
 
     alltoall_base = all_to_all_single
 
@@ -836,7 +783,7 @@ class ShmcommProcessGroup(_ProcessGroupBase):
             dist.barrier()
         """
         async_op = opts.asyncOp if opts is not None and hasattr(opts, "asyncOp") else False
-        return self._run(self._comm.barrier, (), [], async_op)
+        return self._go(self._comm.barrier, (), [], async_op)
 
     # ---- point to point --------------------------------------------------------------------------
     def send(self, tensors, dst: int, tag: int = 0):
@@ -849,8 +796,7 @@ class ShmcommProcessGroup(_ProcessGroupBase):
         """
         if len(tensors) != 1:
             raise ValueError(f"send takes one tensor, got {len(tensors)}")
-        buf = tensors[0] if _fast(tensors[0]) else _stage(tensors[0], False, "tensor")[0]
-        return ShmcommWork(self._pg.isend(buf, dst, tag), tensors)
+        return ShmcommWork(self._pg.isend(_stage(tensors[0], False, "tensor")[0], dst, tag), tensors)
 
     def recv(self, tensors, src: int, tag: int = 0):
         """Receive into ``tensors[0]`` from group rank ``src`` (``dist.recv``/``dist.irecv``).
@@ -874,8 +820,6 @@ class ShmcommProcessGroup(_ProcessGroupBase):
         if len(tensors) != 1:
             raise ValueError(f"recv takes one tensor, got {len(tensors)}")
         t = tensors[0]
-        if _fast(t):
-            return ShmcommWork(self._pg.irecv(t, src, tag), tensors)
         buf, dense = _stage(t, False, "tensor")
         after = (lambda: t.copy_(dense)) if dense is not None else None
         return ShmcommWork(self._pg.irecv(buf, src, tag), tensors, after)
@@ -893,8 +837,7 @@ class ShmcommProcessGroup(_ProcessGroupBase):
 
             dist.destroy_process_group()
         """
-        self._pg._destroy()
-        _live.discard(self)
+        self._pg.destroy()
 
     def abort(self) -> None:
         """Abort the group on every rank: pending and later operations raise ``AbortedError``.
@@ -904,6 +847,55 @@ class ShmcommProcessGroup(_ProcessGroupBase):
             dist.group.WORLD.abort()
         """
         self._pg.abort()
+
+    # ---- what torch asks of a backend beyond the collectives -----------------------------------
+    # torch keeps the group the creator returns as it is, with no c10d Backend registered on it,
+    # so torch's own `_get_backend` raises for every device. Since 2.15 `batch_isend_irecv` asks
+    # any ProcessGroup subclass for its backend (to read `supports_coalescing`), and FSDP2's
+    # allocation hooks ask it too: for CPU this group is its own backend, which does not coalesce
+    # point-to-point calls (each P2POp runs as its own isend/irecv) and does not split.
+    supports_coalescing = False
+    supports_splitting = False
+
+    def _get_backend(self, device):
+        """This group itself for CPU (torch's ``pg._get_backend(device)``); other devices raise.
+
+        Example::
+
+            assert dist.group.WORLD._get_backend(torch.device("cpu")) is dist.group.WORLD
+        """
+        if torch.device(device).type == "cpu":
+            return self
+        return super()._get_backend(device)
+
+    def supports_tensor_alloc(self, device=None) -> bool:
+        """True: :meth:`allocate_tensor` serves communication buffers from shared memory.
+
+        Example::
+
+            fsdp_model.set_allocate_memory_from_process_group_for_comm(True)
+        """
+        return True
+
+    def allocate_tensor(self, size, *, dtype, device=None) -> torch.Tensor:
+        """A 1-D tensor of ``size`` elements in this group's shared memory, for FSDP2's all-gather
+        and reduce-scatter buffers: when every rank's buffer sits at the same place, the
+        collectives read peers' tensors in place (zero copy). Every rank must ask for the same
+        sizes in the same order, as FSDP2 does; a buffer still in use is never handed out twice
+        (a busy one gives a private tensor instead).
+
+        Example::
+
+            buf = pg.allocate_tensor(1 << 20, dtype=torch.bfloat16)
+        """
+        return self._pool.tensor(int(size), dtype)
+
+    # the names older and newer torch give the same methods
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+    _allgather_base = all_gather_single
+    _reduce_scatter_base = reduce_scatter_single
+    recvAnysource = recv_anysource  # noqa: N815 - the name torch 2.15's trampoline forwards
 
 
 def _create(options, backend_options=None) -> ShmcommProcessGroup:
@@ -926,16 +918,6 @@ def register() -> None:
     if BACKEND_NAME in dist.Backend.backend_list and BACKEND_NAME.upper() in dist.Backend._plugins:
         return
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
-
-
-@atexit.register
-def _leave_at_exit() -> None:
-    # Groups torch never destroyed: peers learn at once that this rank left.
-    for group in list(_live):
-        try:
-            group.shutdown()
-        except Exception:  # noqa: BLE001 - best effort at interpreter exit
-            pass
 
 
 if _HAVE_DIST:

@@ -48,7 +48,7 @@ def _bad_arguments(rank, size):
     with pytest.raises(ValueError, match="src"):
         sc.broadcast(np.ones(3), src=-1)
     with pytest.raises(TypeError, match="AVG"):
-        sc.all_reduce(np.ones(3, np.int32), op=sc.ReduceOp.AVG)
+        sc.all_reduce(np.ones(3, bool), op=sc.ReduceOp.AVG)
     with pytest.raises(TypeError, match="BXOR"):
         sc.all_reduce(np.ones(3, np.float32), op=sc.ReduceOp.BXOR)
     with pytest.raises(TypeError, match="MIN"):
@@ -206,7 +206,7 @@ def _async_bad_arguments(rank, size):
     with pytest.raises(ValueError, match="dst"):
         sc.reduce(np.ones(3), dst=size, async_op=True)
     with pytest.raises(TypeError, match="AVG"):
-        sc.all_reduce(np.ones(3, np.int8), op=sc.ReduceOp.AVG, async_op=True)
+        sc.all_reduce(np.ones(3, bool), op=sc.ReduceOp.AVG, async_op=True)
     x = np.ones(2)
     sc.all_reduce(x, async_op=True).wait()
     return float(x[0])

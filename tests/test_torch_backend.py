@@ -149,12 +149,12 @@ def test_peer_death_raises_peer_failure(tmp_path):
 @pytest.mark.timeout(60)
 def test_bad_arguments_raise_clear_errors(tmp_path):
     def fn(rank, size):
-        with pytest.raises(ValueError, match="PREMUL_SUM"):
-            dist.all_reduce(torch.ones(2), op=dist._make_nccl_premul_sum(2.0))
+        with pytest.raises(TypeError, match="PREMUL_SUM needs a floating-point dtype"):
+            dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist._make_nccl_premul_sum(2.0))
         with pytest.raises(TypeError, match="cannot reduce dtype"):
             dist.all_reduce(torch.zeros(2, dtype=torch.float8_e4m3fn))
         with pytest.raises(TypeError, match="AVG"):
-            dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.AVG)
+            dist.all_reduce(torch.ones(2, dtype=torch.bool), op=dist.ReduceOp.AVG)
         dist.barrier()   # the group still works afterwards
         t = torch.ones(2)
         dist.all_reduce(t)
