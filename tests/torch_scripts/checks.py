@@ -8,6 +8,7 @@ import warnings
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 from torch.testing import assert_close
 
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
@@ -62,6 +63,8 @@ def _reduce_expected(tensors: list[torch.Tensor], op) -> torch.Tensor:
     stack = torch.stack([t.to(wide) for t in tensors])
     if op == dist.ReduceOp.SUM:
         out = stack.sum(0)
+    elif op == dist.ReduceOp.AVG and not (dtype.is_floating_point or dtype.is_complex):
+        out = torch.div(stack.sum(0), len(tensors), rounding_mode="trunc")  # as NCCL: truncated
     elif op == dist.ReduceOp.AVG:
         out = stack.sum(0) / len(tensors)
     elif op == dist.ReduceOp.PRODUCT:
@@ -84,7 +87,7 @@ def _reduce_expected(tensors: list[torch.Tensor], op) -> torch.Tensor:
 
 
 def ops_for(dtype: torch.dtype) -> list:
-    """The ReduceOps torch allows for ``dtype`` (AVG on floating and complex only)."""
+    """The ReduceOps torch allows for ``dtype`` (AVG on all but bool, truncated on integers)."""
     if dtype == torch.bool:
         return [dist.ReduceOp.SUM, dist.ReduceOp.MIN, dist.ReduceOp.MAX, dist.ReduceOp.BAND,
                 dist.ReduceOp.BOR, dist.ReduceOp.BXOR]
@@ -93,8 +96,8 @@ def ops_for(dtype: torch.dtype) -> list:
     if dtype.is_floating_point:
         return [dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN,
                 dist.ReduceOp.MAX]
-    return [dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.ReduceOp.MAX,
-            dist.ReduceOp.BAND, dist.ReduceOp.BOR, dist.ReduceOp.BXOR]
+    return [dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN,
+            dist.ReduceOp.MAX, dist.ReduceOp.BAND, dist.ReduceOp.BOR, dist.ReduceOp.BXOR]
 
 
 class Counter:
@@ -163,6 +166,46 @@ def check_coalesced(rank, size, c: Counter):
         dist.all_gather_coalesced(gathered, [torch.full((2,), float(rank)), torch.full((3,), float(rank))])
     for q in range(size):
         c.same(gathered[q][1], torch.full((3,), float(q)), "all_gather_coalesced")
+
+
+def check_premul_sum(rank, size, c: Counter):
+    """PREMUL_SUM (FSDP2's gradient divide factor) with a number and a 0-d tensor factor, every
+    floating dtype, on all_reduce, reduce, reduce_scatter(_tensor), the coalesced forms and a
+    functional reduce_scatter; AVG through the same paths."""
+    for dtype in [torch.float32, torch.float64, torch.float16, torch.bfloat16]:
+        for factor in (0.25, torch.tensor(3.0, dtype=torch.float64)):
+            f = float(factor)
+            op = lambda: dist._make_nccl_premul_sum(factor)  # noqa: E731 - a fresh op per call
+            expected = sum(value(r, torch.float64) * f for r in range(size)).to(dtype)
+            t = value(rank, dtype)
+            dist.all_reduce(t, op=op())
+            c.same(t, expected, f"premul all_reduce {dtype} {f}")
+            t = value(rank, dtype)
+            dist.reduce(t, dst=size - 1, op=op())
+            c.same(t, expected if rank == size - 1 else value(rank, dtype), f"premul reduce {dtype}")
+            ins = [value(rank * 10 + q, dtype, 3) for q in range(size)]
+            want = sum(value(r * 10 + rank, torch.float64, 3) * f for r in range(size)).to(dtype)
+            out = torch.empty(3, dtype=dtype)
+            dist.reduce_scatter(out, ins, op=op())
+            c.same(out, want, f"premul reduce_scatter {dtype}")
+            out = torch.empty(3, dtype=dtype)
+            reduce_scatter_single(out, torch.cat(ins), op=op())
+            c.same(out, want, f"premul reduce_scatter_tensor {dtype}")
+            a, b = value(rank, dtype), value(rank, dtype, 7)
+            with dist._coalescing_manager():
+                dist.all_reduce(a, op=op())
+                dist.all_reduce(b, op=op())
+            c.same(b, sum(value(r, torch.float64, 7) * f for r in range(size)).to(dtype),
+                   f"premul coalesced all_reduce {dtype}")
+            outs = [torch.empty(3, dtype=dtype), torch.empty(3, dtype=dtype)]
+            with dist._coalescing_manager():
+                reduce_scatter_single(outs[0], torch.cat(ins), op=op())
+                reduce_scatter_single(outs[1], torch.cat(ins) * 2, op=op())
+            c.same(outs[1], want * 2, f"premul coalesced reduce_scatter_tensor {dtype}")
+    x = torch.arange(size * 4, dtype=torch.float32) + rank
+    got = funcol.wait_tensor(funcol.reduce_scatter_tensor(x, "avg", 0, dist.group.WORLD))
+    c.same(got, (torch.arange(size * 4.0) + sum(range(size)) / size)[rank * 4:rank * 4 + 4],
+           "functional reduce_scatter avg")
 
 
 def check_reduce(rank, size, c: Counter, group=None, ranks=None):
@@ -395,7 +438,7 @@ def check_lazy_views(rank, size, c: Counter):
     c.same(buf.resolve_neg(), -torch.ones(3) * prv, "isend/irecv neg views")
     # (torch itself refuses lazy conjugate views: it views complex tensors as real first)
 
-CHECKS = [check_all_reduce, check_coalesced, check_reduce, check_reduce_scatter, check_broadcast,
+CHECKS = [check_all_reduce, check_coalesced, check_premul_sum, check_reduce, check_reduce_scatter, check_broadcast,
           check_all_gather, check_gather_scatter, check_all_to_all, check_barrier, check_p2p,
           check_objects, check_groups, check_lazy_views]
 
