@@ -9,6 +9,11 @@ and a second group on "gloo" over the same ranks, then measures, alternating bet
 backends in rounds so that machine noise hits both alike:
 
   all_reduce(2 x float32)   ``dist.all_reduce`` of a 2-element tensor: microseconds per call
+  functional all_reduce     ``funcol.all_reduce`` of 8 KiB + ``wait_tensor`` (eager), and the same
+                            two ``_c10d_functional`` ops called as a compiled graph calls them
+  FSDP2 step                forward + backward + SGD step of a 5-layer 512-wide MLP, each layer and
+                            the root ``fully_shard``-ed
+  TP forward                a 256-1024-256 MLP, column- then row-parallel (DTensor), batch 8
   DDP step                  forward + backward + SGD step of a ~1.3M-parameter MLP wrapped in
                             ``DistributedDataParallel`` (default buckets): milliseconds per step
   all_reduce(8M x dtype)    ``dist.all_reduce`` of a large tensor of each ``--dtypes`` dtype
@@ -89,8 +94,22 @@ def _time_funcol(funcol, group, t, iters: int) -> float:
     return (time.perf_counter() - start) / iters
 
 
-def _fsdp_model(mesh, width: int, layers: int):
-    """An MLP of ``layers`` width x width layers, each layer and the root sharded by FSDP2."""
+def _time_funcol_ops(group, t, iters: int) -> float:
+    """The ``_c10d_functional`` ops a compiled graph calls, without funcol's eager Python wrapper
+    (AsyncCollectiveTensor, group resolution)."""
+    import torch
+
+    ops, name = torch.ops._c10d_functional, group.group_name
+    start = time.perf_counter()
+    for _ in range(iters):
+        ops.wait_tensor(ops.all_reduce(t, "sum", name))
+    return (time.perf_counter() - start) / iters
+
+
+def _fsdp_model(mesh, width: int, layers: int, shared: bool = False):
+    """An MLP of ``layers`` width x width layers, each layer and the root sharded by FSDP2
+    (``shared``: FSDP2's communication buffers from the process group, shmcomm's shared memory;
+    gloo has none and FSDP2 falls back to torch.empty there)."""
     import torch
     from torch.distributed.fsdp import fully_shard
 
@@ -100,6 +119,8 @@ def _fsdp_model(mesh, width: int, layers: int):
     for layer in model:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    for module in (*model, model):
+        module.set_allocate_memory_from_process_group_for_comm(shared)
     return model, torch.optim.SGD(model.parameters(), lr=0.01)
 
 
@@ -123,12 +144,17 @@ def _tp_model(mesh):
 
 
 def _time_tp(model, x, iters: int) -> float:
+    """Forward passes, each waited: the row-parallel layer's all_reduce is a functional
+    collective whose output (an AsyncCollectiveTensor) would otherwise never be waited."""
     import torch
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
 
     with torch.no_grad():
         start = time.perf_counter()
         for _ in range(iters):
-            model(x)
+            out = model(x)
+            if isinstance(out, AsyncCollectiveTensor):
+                out.wait()
         return (time.perf_counter() - start) / iters
 
 
@@ -177,6 +203,10 @@ def rank_main(args) -> None:
             _time_funcol(funcol, g, t8k, 50)
         fc = _measure(groups, rounds, lambda name, g: _time_funcol(funcol, g, t8k, args.iters // rounds))
         rows.append(("functional all_reduce 8 KiB (us)", fc, 1e6, 0.03))
+        for g in groups.values():
+            _time_funcol_ops(g, t8k, 50)
+        ops = _measure(groups, rounds, lambda name, g: _time_funcol_ops(g, t8k, args.iters // rounds))
+        rows.append(("  the same as compiled code calls it (us)", ops, 1e6, 0.03))
 
     if "ddp" in sections:  # ---- DDP step
         gen = torch.Generator().manual_seed(rank)
@@ -206,6 +236,13 @@ def rank_main(args) -> None:
         times = _measure(groups, rounds, lambda name, g: _time_fsdp(*fsdp[name], x,
                                                                     max(args.steps // rounds, 1)))
         rows.append((f"FSDP2 step 5x512 MLP b{args.batch} (ms)", times, 1e3, 0.35))
+        shared = {name: _fsdp_model(DeviceMesh.from_group(g, "cpu"), 512, 5, shared=True)
+                  for name, g in groups.items()}
+        for name in groups:
+            _time_fsdp(*shared[name], x, 2)
+        times = _measure(groups, rounds, lambda name, g: _time_fsdp(*shared[name], x,
+                                                                    max(args.steps // rounds, 1)))
+        rows.append(("  buffers from the process group (ms)", times, 1e3, 0.35))
         same = all(torch.equal(a.full_tensor(), b.full_tensor()) for a, b in
                    zip(fsdp["shmcomm"][0].parameters(), fsdp["gloo"][0].parameters()))
         extra.append(f"FSDP2 models trained identically on both backends: {same}")
