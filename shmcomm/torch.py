@@ -110,8 +110,7 @@ def _reduction(reduce_op) -> tuple[int, float]:
 
     Example::
 
-        >>> _reduction(dist._make_nccl_premul_sum(0.5))[1]
-        0.5
+        code, factor = _reduction(dist._make_nccl_premul_sum(0.5))   # factor == 0.5
     """
     code = _HASHED_CODES.get(hash(reduce_op)) if type(reduce_op) is _ReduceOpType else None
     if code is None:
