@@ -29,6 +29,16 @@ def batch(rank: int, rows: int = 16, width: int = 64) -> torch.Tensor:
     return torch.randn(rows, width, generator=torch.Generator().manual_seed(100 + rank))
 
 
+def sgd_steps(model: torch.nn.Module, steps: int) -> None:
+    """``steps`` SGD steps of this rank's batch through ``model`` (mean square of the output)."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = batch(dist.get_rank())
+    for _ in range(steps):
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+
+
 def assert_same(shm: list, gloo: list, what: str) -> None:
     """Both backends' tensors agree to float32 rounding (reduction order may differ)."""
     for a, b in zip(shm, gloo, strict=True):

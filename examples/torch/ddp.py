@@ -8,17 +8,12 @@ The only shmcomm-specific word is ``"shmcomm"`` in ``init_process_group``.
 import torch
 import torch.distributed as dist
 
-from _common import wants_check, assert_same, batch, mlp
+from _common import wants_check, assert_same, mlp, sgd_steps
 
 
 def train(group=None, steps: int = 5) -> list:
     model = torch.nn.parallel.DistributedDataParallel(mlp(), process_group=group)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x = batch(dist.get_rank())
-    for _ in range(steps):
-        opt.zero_grad()
-        model(x).square().mean().backward()
-        opt.step()
+    sgd_steps(model, steps)
     return [p.detach().clone() for p in model.parameters()]
 
 

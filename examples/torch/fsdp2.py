@@ -9,7 +9,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
-from _common import wants_check, assert_same, batch, mlp
+from _common import wants_check, assert_same, mlp, sgd_steps
 
 
 def train(mesh, divide_factor=None, shared_buffers=False, sum_then_divide=False, steps: int = 4) -> list:
@@ -24,12 +24,7 @@ def train(mesh, divide_factor=None, shared_buffers=False, sum_then_divide=False,
             module.set_allocate_memory_from_process_group_for_comm(True)
         if sum_then_divide:             # what gloo needs: it has no PREMUL_SUM
             module.set_force_sum_reduction_for_comms(True)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x = batch(dist.get_rank())
-    for _ in range(steps):
-        opt.zero_grad()
-        model(x).square().mean().backward()
-        opt.step()
+    sgd_steps(model, steps)
     return [p.full_tensor() for p in model.parameters()]
 
 

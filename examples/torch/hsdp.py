@@ -9,7 +9,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from _common import wants_check, assert_same, batch, mlp
+from _common import wants_check, assert_same, mlp, sgd_steps
 
 
 def train(mesh, steps: int = 3) -> list:
@@ -17,12 +17,7 @@ def train(mesh, steps: int = 3) -> list:
     for layer in model:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x = batch(dist.get_rank())
-    for _ in range(steps):
-        opt.zero_grad()
-        model(x).square().mean().backward()
-        opt.step()
+    sgd_steps(model, steps)
     return [p.full_tensor() for p in model.parameters()]
 
 
