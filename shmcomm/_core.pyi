@@ -68,6 +68,7 @@ class Communicator:
     closed: bool
     owner_pid: int
     fused_calls: int
+    zero_copy_calls: int
     def __init__(self, job: str, part: str, rank: int, size: int, timeout: float,
                  secret: str | bytes | None = None) -> None: ...
     # Each collective runs inline (returns None) or, with async_op=True, is queued (returns a Work).

@@ -6,6 +6,11 @@
 #       peer's input into its output; 3. step.
 #   single copy, gather: 1. the root publishes its output addresses; 2. every rank writes its
 #       piece into the root's output while the root copies its own; 3. step.
+#   zero copy, all_gather (every rank's output is an sc.empty array at the same place of one heap,
+#       as FSDP2's buffers from the process group are): 1. a step with the descriptor; 2. every
+#       rank writes its input into its piece of every output; 3. step.
+# Pieces from the single-copy size up take the descriptor step of their own (it carries the
+# address table, too), so every rank picks the same path from what all of them published.
 
 
 cdef list _fill_pieces(Communicator c, list arrays, buf_t *like, str argname, bint writable,
@@ -57,6 +62,7 @@ cdef object _prep_gather_into(Communicator c, op_t *o, object output, object arr
     out_owner = as_buf(output, &whole, True, "output")
     _split_whole(c, &whole, &b, "output", o.outs)
     o.kind, o.ptr, o.nbytes, o.dtype, o.root = K_ALL_GATHER, b.ptr, b.nbytes, b.dtype, -1
+    o.heap = c._find_heap(whole.ptr, whole.nbytes, &o.heap_off, &o.heap_stride)
     return (owner, out_owner)
 
 
@@ -66,7 +72,7 @@ cdef int _run_gather(Communicator c, op_t *o) except -1 nogil:
     cdef int i, q, n = c.size, root = o.root
     cdef char **outs = o.outs
     cdef char *inp = o.ptr
-    cdef bint first = True, wants = root < 0 or root == c.rank
+    cdef bint first = True, wants = root < 0 or root == c.rank, cma
     c._set_desc(o.kind, o.dtype, nbytes, <uint64_t>root, 0)
     if c._single_copy_size(nbytes) and root >= 0:
         first = False
@@ -77,9 +83,18 @@ cdef int _run_gather(Communicator c, op_t *o) except -1 nogil:
                 c._cma(root, inp, c._peer_entry(root, c.rank), nbytes, True)
             c._step()
             return 0
-    elif c._single_copy_size(nbytes):
+    elif nbytes >= c.cma_bytes:
         first = False
-        if c._publish_table(&inp, 1):
+        _set_heap_desc(c, o.heap, o.heap_off)
+        if c._single_copy_size(nbytes):
+            cma = c._publish_table(&inp, 1)  # the step that carries the descriptor, too
+        else:
+            c._step()
+            c._check_desc()
+            cma = False
+        if o.heap and _all_same_heap(c):
+            return _all_gather_zero_copy(c, o)
+        if cma:
             for i in range(1, n):
                 q = (c.rank + i) % n
                 c._cma(q, outs[q], c._peer_entry(q, 0), nbytes, False)
@@ -102,4 +117,21 @@ cdef int _run_gather(Communicator c, op_t *o) except -1 nogil:
                 else:
                     c._out(outs[q] + off, c.slot(q, s), ch, nbytes)
         off += ch
+    return 0
+
+
+cdef int _all_gather_zero_copy(Communicator c, op_t *o) except -1 nogil:
+    """Every rank's output is visible here: this rank writes its input into its piece of each
+    (its own last, and not at all when the input already is that piece, as in FSDP2)."""
+    cdef int i, q, n = c.size
+    cdef size_t nbytes = o.nbytes
+    cdef char *first = o.outs[0] - c.rank * o.heap_stride  # rank 0's output
+    cdef char *dst
+    for i in range(1, n + 1):
+        q = (c.rank + i) % n
+        dst = first + q * o.heap_stride + c.rank * nbytes
+        if dst != o.ptr:
+            c._out(dst, o.ptr, nbytes, nbytes)
+    c.zero_copy_calls += 1
+    c._step()  # every piece written before anyone returns
     return 0

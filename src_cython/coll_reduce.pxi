@@ -282,6 +282,7 @@ cdef int _reduce_zero_copy(Communicator c, op_t *o) except -1 nogil:
         else:
             shm_reduce(first + o.root * stride + b * itemsize, c.srcs, c.factors, n, m, o.dtype, o.op)
         b += m
+    c.zero_copy_calls += 1
     c._step()  # every slice written before anyone returns
     return 0
 

@@ -3,6 +3,11 @@
 #   slots: per chunk (a slot holds one chunk per rank), 1. every rank copies its pieces for peers
 #       into its slot; 2. step; 3. every rank reduces, in rank order, its own piece with the
 #       chunks peers left for it.
+#   zero copy (every rank's whole input is an sc.empty array at the same place of one heap, as
+#       FSDP2's buffers from the process group are): 1. a step with the descriptor; 2. rank r
+#       reduces piece r straight from every input into its output; 3. step.
+# Pieces from the single-copy size up take the descriptor step of their own, so every rank picks
+# the same path from what all of them published.
 
 
 cdef object _prep_reduce_scatter(Communicator c, op_t *o, object output, list input_list, int op,
@@ -23,6 +28,7 @@ cdef object _prep_reduce_scatter_into(Communicator c, op_t *o, object output, ob
     check_reduce_op(b.dtype, op)
     _split_whole(c, &whole, &b, "input", o.ins)
     _set_reduce_scatter(o, &b, op, factor)
+    o.heap = c._find_heap(whole.ptr, whole.nbytes, &o.heap_off, &o.heap_stride)
     return (out_owner, in_owner)
 
 
@@ -39,6 +45,14 @@ cdef int _run_reduce_scatter(Communicator c, op_t *o) except -1 nogil:
     cdef bint first = True
     c._set_desc(K_REDUCE_SCATTER, o.dtype, count * itemsize, 0, o.op)
     c._set_factor(o)
+    if o.nbytes >= c.cma_bytes:
+        _set_heap_desc(c, o.heap, o.heap_off)
+        c._step()
+        c._check_desc()
+        c._load_factors(o)
+        first = False
+        if o.heap and _all_same_heap(c):
+            return _reduce_scatter_zero_copy(c, o)
     while first or off < count:
         ch = min(cap, count - off)
         s = c.next_step()
@@ -57,4 +71,17 @@ cdef int _run_reduce_scatter(Communicator c, op_t *o) except -1 nogil:
                 c.srcs[q] = c.slot(q, s) + c.rank * cap * itemsize
         shm_reduce(o.ptr + off * itemsize, c.srcs, c.factors, n, ch, o.dtype, o.op)
         off += ch
+    return 0
+
+
+cdef int _reduce_scatter_zero_copy(Communicator c, op_t *o) except -1 nogil:
+    """Every rank's input is visible here: this rank reduces its piece of all of them, in rank
+    order, straight into its output (in place too: only this rank touches this piece)."""
+    cdef int q
+    cdef char *first = o.ins[0] - c.rank * o.heap_stride  # rank 0's input
+    for q in range(c.size):
+        c.srcs[q] = first + q * o.heap_stride + c.rank * o.nbytes
+    shm_reduce(o.ptr, c.srcs, c.factors, c.size, o.count, o.dtype, o.op)
+    c.zero_copy_calls += 1
+    c._step()  # inputs untouched until every rank has read its piece
     return 0

@@ -114,6 +114,7 @@ cdef class Communicator:
     cdef object creds             # shmcomm.trust.Credentials: proves segments are this job's
     cdef uint64_t doze_ns
     cdef readonly unsigned long long fused_calls  # small reductions that ran in a step with others
+    cdef readonly unsigned long long zero_copy_calls  # calls that read or wrote peers' sc.empty arrays in place
 
     def __cinit__(self):
         self.pidfds = NULL

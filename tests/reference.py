@@ -121,9 +121,12 @@ def bits(a: np.ndarray) -> bytes:
 def assert_same_bits(got: np.ndarray, expected: np.ndarray, what: str) -> None:
     assert got.dtype == expected.dtype and got.shape == expected.shape, (what, got.dtype, got.shape)
     if bits(got) != bits(expected):
-        bad = np.flatnonzero(np.frombuffer(bits(got), np.uint8) != np.frombuffer(bits(expected), np.uint8))[:5]
-        raise AssertionError(f"{what}: differs from numpy at value bytes {bad.tolist()}: "
-                             f"got {got.ravel()[:6]}, expected {expected.ravel()[:6]}")
+        raw_got, raw_expected = bits(got), bits(expected)
+        bad = np.flatnonzero(np.frombuffer(raw_got, np.uint8) != np.frombuffer(raw_expected, np.uint8))
+        first = int(bad[0]) // (len(raw_got) // got.size)  # the first element that differs
+        window = slice(first, first + 6)
+        raise AssertionError(f"{what}: {len(bad)} bytes differ from numpy, from element {first}: "
+                             f"got {got.ravel()[window]}, expected {expected.ravel()[window]}")
 
 
 def digest(arrays) -> str:

@@ -286,6 +286,11 @@ def _premul_sum(rank, size, sizes):
             out = np.empty(count, dtype)
             comm.reduce_scatter_into(out, whole[rank], code, factor=factor)
             assert_same_bits(out, full[rank * count:(rank + 1) * count], "reduce_scatter " + what)
+            shared = sc.empty(count * size, dtype)
+            shared[:] = whole[rank]
+            comm.reduce_scatter_into(out, shared, code, factor=factor)
+            assert_same_bits(out, full[rank * count:(rank + 1) * count],
+                             "zero-copy reduce_scatter " + what)
         # several queued calls, each scaled differently: batched calls carry their own factors
         inputs = [[make_input(dtype, 33, r, salt=j) for r in range(size)] for j in range(6)]
         arrays = [inputs[j][rank].copy() for j in range(6)]
@@ -336,13 +341,61 @@ def _zero_copy(rank, size):
             v[:] = inputs[rank]
             sc.all_reduce(v)
             assert_same_bits(v, reduce_reference(inputs, "SUM"), "offset zero-copy")
+            _zero_copy_gather_scatter(rank, size, np.dtype(dtype), count)
     return True
 
 
+def _zero_copy_gather_scatter(rank, size, dtype, count):
+    """all_gather_into with every output from sc.empty, and reduce_scatter_into with every input
+    from sc.empty (FSDP2's buffers): in place and not, and falling back when one rank's buffer is
+    private."""
+    comm = default_group()._comm
+    large = count * dtype.itemsize >= comm.cma_bytes  # the size that takes the zero-copy path
+    pieces = [make_input(dtype, count, r, salt=2) for r in range(size)]
+    gathered = np.concatenate(pieces)
+    for in_place in (True, False):
+        out = sc.empty(count * size, dtype)
+        out[:] = 0
+        mine = out[rank * count:(rank + 1) * count]
+        inp = mine if in_place else pieces[rank].copy()
+        mine[:] = pieces[rank] if in_place else 0
+        before = comm.zero_copy_calls
+        sc.all_gather_into(out, inp)
+        assert_same_bits(out, gathered, f"zero-copy all_gather_into {dtype} {count} {in_place=}")
+        assert comm.zero_copy_calls - before == large, "all_gather_into took the wrong path"
+    shared = sc.empty(count * size, dtype)  # collective: every rank makes it, one rank ignores it
+    private = np.empty(count * size, dtype) if rank == size - 1 else shared
+    before = comm.zero_copy_calls
+    sc.all_gather_into(private, pieces[rank])
+    assert_same_bits(private, gathered, "all_gather_into, one output private")
+    assert comm.zero_copy_calls == before, "zero copy with one private output"
+
+    wholes = [make_input(dtype, count * size, r, salt=3) for r in range(size)]
+    for op in ("SUM", "MAX"):
+        full = reduce_reference(wholes, op)[rank * count:(rank + 1) * count]
+        for in_place in (True, False):
+            whole = sc.empty(count * size, dtype)
+            whole[:] = wholes[rank]
+            out = whole[rank * count:(rank + 1) * count] if in_place else np.empty(count, dtype)
+            before = comm.zero_copy_calls
+            sc.reduce_scatter_into(out, whole, op=sc.ReduceOp[op])
+            assert_same_bits(out, full, f"zero-copy reduce_scatter_into {dtype} {op} {in_place=}")
+            assert comm.zero_copy_calls - before == large, "reduce_scatter_into took the wrong path"
+        shared = sc.empty(count * size, dtype)
+        whole = wholes[rank].copy() if rank == 0 else shared
+        whole[:] = wholes[rank]
+        out = np.empty(count, dtype)
+        before = comm.zero_copy_calls
+        sc.reduce_scatter_into(out, whole, op=sc.ReduceOp[op])
+        assert_same_bits(out, full, "reduce_scatter_into, one input private")
+        assert comm.zero_copy_calls == before, "zero copy with one private input"
+
+
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("world", [2, 3])
-def test_zero_copy_shared_arrays(world):
-    assert all(run_ranks(_zero_copy, world))
+@pytest.mark.parametrize("world,env", [(2, {}), (3, {}), (4, {"SHMCOMM_CMA_BYTES": 1024})],
+                         ids=["2", "3", "4-small-pieces"])
+def test_zero_copy_shared_arrays(world, env):
+    assert all(run_ranks(_zero_copy, world, env=env))
 
 
 def _all_to_all_large(rank, size):

@@ -29,19 +29,20 @@ def batch(rank: int, rows: int = 16, width: int = 64) -> torch.Tensor:
     return torch.randn(rows, width, generator=torch.Generator().manual_seed(100 + rank))
 
 
-def sgd_steps(model: torch.nn.Module, steps: int) -> None:
+def sgd_steps(model: torch.nn.Module, steps: int, width: int = 64) -> None:
     """``steps`` SGD steps of this rank's batch through ``model`` (mean square of the output)."""
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x = batch(dist.get_rank())
+    x = batch(dist.get_rank(), width=width)
     for _ in range(steps):
         opt.zero_grad()
         model(x).square().mean().backward()
         opt.step()
 
 
-def assert_same(shm: list, gloo: list, what: str) -> None:
-    """Both backends' tensors agree to float32 rounding (reduction order may differ)."""
-    for a, b in zip(shm, gloo, strict=True):
+def assert_same(shm: list, reference: list, what: str, against: str = "gloo") -> None:
+    """shmcomm's tensors agree with the reference run's to float32 rounding (reduction order
+    may differ)."""
+    for a, b in zip(shm, reference, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     if dist.get_rank() == 0:
-        print(f"{what}: shmcomm matches gloo ({len(shm)} tensors)")
+        print(f"{what}: shmcomm matches {against} ({len(shm)} tensors)")
