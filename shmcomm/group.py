@@ -14,7 +14,7 @@ import weakref
 from typing import Sequence
 
 from shmcomm import _core
-from shmcomm.errors import AbortedError
+from shmcomm.errors import AbortedError, ShmcommError
 from shmcomm.ops import ReduceOp, op_code
 
 from shmcomm.work import Work
@@ -279,12 +279,25 @@ def job_arguments(rank: int | None, world_size: int | None, name: str | None,
     return rank, world_size, job, float(timeout)
 
 
+def _multinode_environment(world_size: int) -> bool:
+    """True under a launch on several nodes (torchrun, shmrun --nnodes): LOCAL_WORLD_SIZE says
+    fewer ranks run here than WORLD_SIZE."""
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    try:
+        return local is not None and int(local) != world_size
+    except ValueError:
+        raise ValueError(f"LOCAL_WORLD_SIZE must be an integer, got {local!r}") from None
+
+
 def init_process_group(rank: int | None = None, world_size: int | None = None, name: str | None = None,
                        timeout: float | None = None) -> ProcessGroup:
     """Join the default group; missing arguments come from RANK, WORLD_SIZE and SHMCOMM_JOB.
 
     Every rank must call it with the same job name and world size; it returns once all have
-    joined (or raises CommTimeoutError after ``timeout`` seconds, default SHMCOMM_TIMEOUT or 300)::
+    joined (or raises CommTimeoutError after ``timeout`` seconds, default SHMCOMM_TIMEOUT or 300).
+    Launched on several nodes (``LOCAL_WORLD_SIZE`` != ``WORLD_SIZE``, as torchrun and
+    ``shmrun --nnodes`` set), the group is hierarchical: shared memory inside each node, torch's
+    gloo between nodes (``shmcomm.hierarchy``; needs the ``shmcomm[torch]`` extra)::
 
         pg = sc.init_process_group()                                  # under shmrun
         pg = sc.init_process_group(rank=0, world_size=2, name="job-42", timeout=60.0)
@@ -293,9 +306,15 @@ def init_process_group(rank: int | None = None, world_size: int | None = None, n
     with _lock:
         if _default is not None:
             raise ValueError("init_process_group was already called; destroy_process_group() first")
+        from_env = rank is None and world_size is None
         rank, world_size, job, timeout = job_arguments(rank, world_size, name, timeout)
-        comm = _core.Communicator(job, "g0", rank, world_size, timeout)
-        _default = ProcessGroup(comm, range(world_size), f"{job}.g0")
+        if from_env and _multinode_environment(world_size):
+            from shmcomm import hierarchy
+
+            _default = hierarchy.init_multinode(rank, world_size, job, timeout)
+        else:
+            comm = _core.Communicator(job, "g0", rank, world_size, timeout)
+            _default = ProcessGroup(comm, range(world_size), f"{job}.g0")
         _core.set_default_group(_default)
         _groups.append(_default)
         return _default
@@ -364,6 +383,9 @@ def new_group(ranks: Sequence[int] | None = None, timeout: float | None = None) 
             sc.all_reduce(x, group=sub)
     """
     parent = default_group()
+    if getattr(parent, "topology", None) is not None:
+        raise ShmcommError("new_group is not available yet on a group across nodes; torch users "
+                           "get sub-groups across nodes from torch.distributed.new_group")
     members = list(range(parent.size)) if ranks is None else sorted(_rank_arg(r, "ranks[i]") for r in ranks)
     if len(set(members)) != len(members) or not members:
         raise ValueError(f"ranks must be distinct and non-empty, got {ranks}")

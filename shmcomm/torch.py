@@ -11,7 +11,8 @@ entry point as soon as torch is imported, so an unchanged script only names it::
 ``import shmcomm.torch`` registers it by hand (when entry points are disabled with
 ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``). Each torch process group, ``new_group`` ones included, gets
 its own shared segment: its ranks agree on a unique job name through the store torch hands the
-backend, after checking that they all run on one machine.
+backend. A group whose ranks run on several machines is hierarchical (shmcomm.hierarchy):
+shared memory inside each machine, torch's gloo between them.
 """
 
 from __future__ import annotations
@@ -40,8 +41,6 @@ def _autoload() -> None:
 import datetime  # noqa: E402 - _autoload must exist before `import torch` runs it
 import functools  # noqa: E402
 import math  # noqa: E402
-import os  # noqa: E402
-import socket  # noqa: E402
 import threading  # noqa: E402
 import uuid  # noqa: E402
 import warnings  # noqa: E402
@@ -49,7 +48,7 @@ import warnings  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from shmcomm import _core  # noqa: E402
+from shmcomm import _core, hierarchy  # noqa: E402
 from shmcomm.buffer_pool import BufferPool  # noqa: E402
 from shmcomm.errors import ShmcommError  # noqa: E402
 from shmcomm.group import ProcessGroup as _ShmGroup  # noqa: E402
@@ -364,43 +363,21 @@ def _flat(outputs) -> list:
 
 
 # ---- rendezvous through torch's store -------------------------------------------------------------
-def _host_identity() -> str:
-    """Host name, boot id and the /dev/shm mount: ranks sharing all three see one another's
-    segments (containers on one kernel with private /dev/shm mounts differ in the last)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = "?"
-    try:
-        st = os.stat("/dev/shm")
-        shm = f"{st.st_dev}:{st.st_ino}"
-    except OSError:
-        shm = "?"
-    return f"{socket.gethostname()} (boot id {boot}, /dev/shm {shm})"
-
-
-def _rendezvous(store, rank: int, size: int, group_name: str) -> tuple[str, str]:
-    """Agree on a job name unique to this group (and to this incarnation of its name) and a
-    secret for its segments (shmcomm.trust), and check that every rank runs on this machine;
-    return the job name and the secret."""
+def _rendezvous(store, rank: int, size: int, group_name: str, timeout: float):
+    """Where this group's ranks run, through the store: on one machine, ``(job, secret)`` for
+    its segment (a job name unique to this group and to this incarnation of its name; a secret
+    for shmcomm.trust); across machines, the ``HierarchicalGroup`` (shmcomm.hierarchy)."""
     # Every rank of incarnation g adds before any rank can finish it (the segment needs all of
     # them), so the counter values of one incarnation form one block of `size`.
     generation = (store.add("shmcomm/joined", 1) - 1) // size
     key = f"shmcomm/{generation}"
-    mine = _host_identity()
-    store.set(f"{key}/host/{rank}", mine)
+    label = f"torch-{sanitize_job(group_name or 'pg')[:12]}"
+    spanning = hierarchy.build(store, rank, size, timeout, key, label, new_secret)
+    if spanning is not None:
+        return spanning
     if rank == 0:
-        label = sanitize_job(group_name or "pg")[:12]
         store.set(f"{key}/secret", new_secret())
-        store.set(f"{key}/job", f"torch-{label}-{uuid.uuid4().hex[:12]}")
-    hosts = [mine if r == rank else store.get(f"{key}/host/{r}").decode() for r in range(size)]
-    others = [(r, h) for r, h in enumerate(hosts) if h != hosts[0]]
-    if others:
-        listing = ", ".join(f"rank {r} on {h}" for r, h in others)
-        raise ShmcommError(
-            f"the shmcomm backend needs every rank of a process group on one machine, but group "
-            f"{group_name!r} has rank 0 on {hosts[0]} and {listing}; use gloo across machines")
+        store.set(f"{key}/job", f"{label}-{uuid.uuid4().hex[:12]}")
     return store.get(f"{key}/job").decode(), store.get(f"{key}/secret").decode()
 
 
@@ -425,7 +402,11 @@ class ShmcommProcessGroup(_ProcessGroupBase):
         self._rank, self._size = rank, size
         self._group_name, self._group_desc = group_name, ""
         seconds = _seconds(timeout) or 1800.0
-        job, secret = _rendezvous(store, rank, size, group_name)
+        place = _rendezvous(store, rank, size, group_name, seconds)
+        if isinstance(place, hierarchy.HierarchicalGroup):  # ranks on several machines
+            self._pg, self._comm, self._pool = place, place.comm, None
+            return
+        job, secret = place
         comm = _core.Communicator(job, "pg", rank, size, seconds, secret=secret)
         members = list(global_ranks) if global_ranks else list(range(size))
         self._pg = _ShmGroup(comm, members, f"{job}.pg")
@@ -874,7 +855,7 @@ class ShmcommProcessGroup(_ProcessGroupBase):
 
             fsdp_model.set_allocate_memory_from_process_group_for_comm(True)
         """
-        return True
+        return self._pool is not None  # not across machines: no one segment holds every buffer
 
     def allocate_tensor(self, size, *, dtype, device=None) -> torch.Tensor:
         """A 1-D tensor of ``size`` elements in this group's shared memory, for FSDP2's all-gather

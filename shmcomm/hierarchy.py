@@ -1,0 +1,611 @@
+"""Groups that span several machines: shared memory inside each node, an engine between nodes.
+
+As Open MPI's HAN and Horovod's hierarchical allreduce do, each collective is composed from a
+shared-memory group per node and inter-node links (shmcomm.internode: torch's gloo today), one
+per local index (the *rails*: rank l of every node), plus one over the whole group:
+
+- all_reduce: reduce-scatter inside the node, all_reduce of this rank's shard along its rail,
+  all-gather inside the node. The reduction order is fixed: each node sums its ranks in local
+  order, then the rails combine the node results in gloo's order, the same on every rank of a
+  rail; so every rank gets the same bits. AVG is SUM then one division by the group size;
+  PREMUL_SUM scales inside the node and sums across. Half types round between the two stages.
+- reduce_scatter: the input's pieces regrouped by rail, reduce-scatter inside the node, then
+  reduce-scatter along the rail. all_gather: along the rail, then inside the node, then the
+  pieces put in group-rank order. broadcast: along the source's rail, then inside each node.
+  reduce: an all_reduce of a copy, kept by the destination. barrier: node, rail 0, node.
+- all_to_all, gather, scatter and point to point: the inter-node engine over the whole group.
+
+When nodes hold different numbers of ranks no rail layout fits, and every collective goes
+through the whole-group link (plain gloo). Operations run in issue order on the node group's
+progress engine, so ``async_op=True`` returns a Work as on one node::
+
+    pg = sc.init_process_group()         # under torchrun --nnodes 2 (or shmrun --nnodes 2)
+    sc.all_reduce(x)                     # shared memory inside the node, gloo between nodes
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from shmcomm import _core
+from shmcomm.errors import ShmcommError
+from shmcomm.group import ProcessGroup
+from shmcomm.group import _alive as group_registry
+from shmcomm.ops import ReduceOp, op_code
+
+__all__ = ["Topology", "HierarchicalComm", "HierarchicalGroup", "host_identity", "exchange_hosts",
+           "init_multinode"]
+
+_SUM, _AVG, _PREMUL = int(ReduceOp.SUM), int(ReduceOp.AVG), _core.PREMUL_SUM
+
+
+# ---- where every rank runs ----------------------------------------------------------------------
+def host_identity() -> str:
+    """Host name, boot id and the /dev/shm mount: ranks sharing all three see one another's
+    segments (containers on one kernel with private /dev/shm mounts differ in the last).
+
+    Example::
+
+        print(host_identity())   # "node-a (boot id 5f..., /dev/shm 25:1)"
+    """
+    import socket
+
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "?"
+    try:
+        st = os.stat("/dev/shm")
+        shm = f"{st.st_dev}:{st.st_ino}"
+    except OSError:
+        shm = "?"
+    return f"{socket.gethostname()} (boot id {boot}, /dev/shm {shm})"
+
+
+def exchange_hosts(store, key: str, rank: int, size: int) -> list[str]:
+    """Every rank's ``host_identity()``, by rank, through a torch ``Store`` under ``key``.
+
+    Example::
+
+        hosts = exchange_hosts(store, "shmcomm/0", rank, size)
+    """
+    mine = host_identity()
+    store.set(f"{key}/host/{rank}", mine)
+    return [mine if r == rank else store.get(f"{key}/host/{r}").decode() for r in range(size)]
+
+
+class Topology:
+    """Which node each rank of a group runs on: nodes in order of their lowest rank, and each
+    node's ranks in rank order (a rank's *local index* is its place there).
+
+    Example::
+
+        >>> t = Topology(["a", "b", "a", "b"])
+        >>> t.nodes, t.local_of, t.rails
+        ([[0, 2], [1, 3]], [0, 0, 1, 1], [[0, 1], [2, 3]])
+    """
+
+    def __init__(self, hosts: list[str]):
+        names = list(dict.fromkeys(hosts))
+        self.hosts = list(hosts)
+        self.nodes = [[r for r, h in enumerate(hosts) if h == name] for name in names]
+        self.node_of = [names.index(h) for h in hosts]
+        self.local_of = [self.nodes[k].index(r) for r, k in enumerate(self.node_of)]
+        self.even = len({len(node) for node in self.nodes}) == 1
+        # rails[l]: the rank of local index l on every node, in node order (rail rank = node index)
+        self.rails = ([[node[l] for node in self.nodes] for l in range(len(self.nodes[0]))]
+                      if self.even else None)
+
+    def describe(self) -> str:
+        """One line: the nodes and their ranks."""
+        return "; ".join(f"{self.hosts[node[0]].split(' ')[0]}: ranks {node}" for node in self.nodes)
+
+
+# ---- arrays as torch tensors (what the inter-node engine takes) ---------------------------------
+def _tensor(array):
+    """A 1-D torch view of a contiguous array or tensor (a copy for a read-only array)."""
+    import torch
+
+    if isinstance(array, torch.Tensor):
+        if not array.is_contiguous():
+            raise ValueError("arrays must be contiguous")
+        return array.view(-1)
+    a = np.asarray(array)
+    if not a.flags.c_contiguous:
+        raise ValueError("arrays must be C-contiguous")
+    a = a.reshape(-1)
+    if a.dtype.name == "bfloat16":  # ml_dtypes
+        a = a.view(np.uint16)
+        return (torch.from_numpy(a) if a.flags.writeable else torch.tensor(a)).view(torch.bfloat16)
+    try:
+        return torch.from_numpy(a) if a.flags.writeable else torch.tensor(a)
+    except TypeError:
+        raise TypeError(f"dtype {a.dtype} cannot cross nodes (torch has no such type)") from None
+
+
+def _divide(t, n: int) -> None:
+    """AVG's last step, in place: floats divide; integers truncate toward zero (as NCCL)."""
+    import torch
+
+    if t.dtype == torch.bool:
+        raise ValueError("ReduceOp.AVG is not defined for bool")
+    if t.is_floating_point() or t.is_complex():
+        t.div_(n)
+    else:
+        torch.div(t, n, rounding_mode="trunc", out=t)
+
+
+class _LinkWork:
+    """A ``shmcomm.Work``-like handle over the inter-node engine's Work (point to point)."""
+
+    def __init__(self, work, arrays, copy_back=None):
+        self._work, self._arrays, self._copy_back = work, arrays, copy_back
+        self._error = None
+
+    def wait(self, timeout=None) -> bool:
+        import datetime
+
+        try:
+            if timeout is None:
+                self._work.wait()
+            else:
+                self._work.wait(datetime.timedelta(seconds=float(timeout)))
+        except Exception as exc:  # noqa: BLE001 - the engine's error, as shmcomm's
+            self._error = ShmcommError(f"point-to-point across nodes failed: {exc}")
+            raise self._error from exc
+        if self._copy_back is not None:
+            self._copy_back()
+            self._copy_back = None
+        return True
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def is_success(self) -> bool:
+        return self._work.is_completed() and self._error is None and self._work.is_success()
+
+    def exception(self):
+        return self._error
+
+    def result(self) -> list:
+        return list(self._arrays)
+
+    def source_rank(self) -> int:
+        return self._work._source_rank()
+
+    def get_future(self):
+        return self._work.get_future()
+
+
+# ---- the composed collectives ---------------------------------------------------------------------
+class HierarchicalComm:
+    """The collectives of a group across nodes, with the compiled ``Communicator``'s signatures
+    (op codes, ``async_op``, ``factor``), so the torch backend drives it as it drives one node.
+
+    Example::
+
+        h = HierarchicalComm(topology, rank, local_comm, rail, world)
+        h.all_reduce(x, 0)                          # SUM, synchronous
+        h.all_reduce(x, 0, async_op=True).wait()
+    """
+
+    def __init__(self, topology: Topology, rank: int, local: _core.Communicator, rail, world):
+        self.topology, self.rank, self.size = topology, rank, len(topology.hosts)
+        self._local, self._rail, self._world = local, rail, world
+        self._node, self._l = topology.node_of[rank], topology.local_of[rank]
+        self._L, self._M = len(topology.nodes[self._node]), len(topology.nodes)
+        self._flat = not topology.even  # no rail layout: everything over the world link
+        if topology.even:
+            import torch
+
+            # node_major[g] = where rank g's piece sits in a node buffer ordered (local, node);
+            # by_rail lists the ranks in that order
+            self._node_major = torch.tensor([topology.local_of[g] * self._M + topology.node_of[g]
+                                             for g in range(self.size)])
+            self._by_rail = torch.tensor([g for rail in topology.rails for g in rail])
+
+    def _run(self, fn, args: tuple, outputs: list, async_op: bool):
+        return self._local.submit(fn, args, outputs, async_op)
+
+    # ---- reductions --------------------------------------------------------------------------
+    def all_reduce(self, array, op: int = _SUM, async_op: bool = False, factor: float = 1.0):
+        """Reduce ``array`` in place over every rank of every node."""
+        return self._run(self._all_reduce, (_tensor(array), op, factor), [array], async_op)
+
+    def _all_reduce(self, t, op: int, factor: float) -> None:
+        cross = _SUM if op in (_AVG, _PREMUL) else op
+        if self._flat:
+            if op == _PREMUL:
+                t.mul_(factor)
+            self._world.all_reduce(t, cross)
+        else:
+            local = _SUM if op == _AVG else op
+            n, L = t.numel(), self._L
+            piece = -(-n // L)
+            buf = t if n == piece * L else _padded(t, piece * L)
+            shard = buf[self._l * piece:(self._l + 1) * piece]
+            self._local.reduce_scatter_into(shard, buf, local, False, factor)
+            if self._M > 1:
+                self._rail.all_reduce(shard, cross)
+            self._local.all_gather_into(buf, shard)
+            if buf is not t:
+                t.copy_(buf[:n])
+        if op == _AVG:
+            _divide(t, self.size)
+
+    def reduce(self, array, dst: int, op: int = _SUM, async_op: bool = False, factor: float = 1.0):
+        """Reduce into ``array`` of rank ``dst``; other ranks' arrays are unchanged."""
+        _check_rank(dst, self.size, "dst")
+        return self._run(self._reduce, (_tensor(array), dst, op, factor), [array], async_op)
+
+    def _reduce(self, t, dst: int, op: int, factor: float) -> None:
+        result = t.clone()
+        self._all_reduce(result, op, factor)
+        if self.rank == dst:
+            t.copy_(result)
+
+    def reduce_scatter_into(self, output, input, op: int = _SUM, async_op: bool = False,
+                            factor: float = 1.0):
+        """Rank r's ``output`` = reduction over ranks of piece r of their ``input``."""
+        out, inp = _tensor(output), _tensor(input)
+        if inp.numel() != out.numel() * self.size or inp.dtype != out.dtype:
+            raise ValueError(f"input must hold world_size * {out.numel()} = {out.numel() * self.size} "
+                             f"{out.dtype} elements, got {inp.numel()} {inp.dtype}")
+        return self._run(self._reduce_scatter, (out, inp, op, factor), [output], async_op)
+
+    def reduce_scatter(self, output, input_list, op: int = _SUM, async_op: bool = False,
+                       factor: float = 1.0):
+        """reduce_scatter with ``world_size`` separate input arrays."""
+        import torch
+
+        if len(input_list) != self.size:
+            raise ValueError(f"input_list must hold world_size={self.size} arrays, got {len(input_list)}")
+        whole = torch.cat([_tensor(a) for a in input_list])
+        return self.reduce_scatter_into(output, whole, op, async_op, factor)
+
+    def _reduce_scatter(self, out, inp, op: int, factor: float) -> None:
+        import torch
+
+        cross = _SUM if op in (_AVG, _PREMUL) else op
+        if self._flat:
+            if op == _PREMUL:
+                inp = inp * factor
+            self._world.reduce_scatter_into(out, inp, cross)
+        else:
+            piece = out.numel()
+            blocks = torch.index_select(inp.view(self.size, piece), 0, self._by_rail).view(-1)
+            mid = torch.empty(self._M * piece, dtype=out.dtype)
+            self._local.reduce_scatter_into(mid, blocks, _SUM if op == _AVG else op, False, factor)
+            if self._M > 1:
+                self._rail.reduce_scatter_into(out, mid, cross)
+            else:
+                out.copy_(mid)
+        if op == _AVG:
+            _divide(out, self.size)
+
+    # ---- data movement ---------------------------------------------------------------------
+    def broadcast(self, array, src: int, async_op: bool = False):
+        """Copy rank ``src``'s array into every rank's."""
+        _check_rank(src, self.size, "src")
+        return self._run(self._broadcast, (_tensor(array), src), [array], async_op)
+
+    def _broadcast(self, t, src: int) -> None:
+        if self._flat:
+            return self._world.broadcast(t, src)
+        source_local = self.topology.local_of[src]
+        if self._M > 1 and self._l == source_local:
+            self._rail.broadcast(t, self.topology.node_of[src])
+        self._local.broadcast(t, source_local)
+
+    def all_gather_into(self, output, array, async_op: bool = False):
+        """``output`` = every rank's ``array``, in rank order."""
+        out, t = _tensor(output), _tensor(array)
+        if out.numel() != t.numel() * self.size or out.dtype != t.dtype:
+            raise ValueError(f"output must hold world_size * {t.numel()} = {t.numel() * self.size} "
+                             f"{t.dtype} elements, got {out.numel()} {out.dtype}")
+        return self._run(self._all_gather_into, (out, t), [output], async_op)
+
+    def all_gather(self, output_list, array, async_op: bool = False):
+        """``output_list[q]`` = rank q's ``array``."""
+        import torch
+
+        outs = [_tensor(o) for o in output_list]
+        if len(outs) != self.size:
+            raise ValueError(f"output_list must hold world_size={self.size} arrays, got {len(outs)}")
+        t = _tensor(array)
+        whole = torch.empty(t.numel() * self.size, dtype=t.dtype)
+
+        def gather_then_split():
+            self._all_gather_into(whole, t)
+            for q, o in enumerate(outs):
+                o.copy_(whole[q * t.numel():(q + 1) * t.numel()])
+        return self._run(gather_then_split, (), list(output_list), async_op)
+
+    def _all_gather_into(self, out, t) -> None:
+        import torch
+
+        if self._flat:
+            return self._world.all_gather_into(out, t)
+        piece = t.numel()
+        along_rail = t
+        if self._M > 1:
+            along_rail = torch.empty(self._M * piece, dtype=t.dtype)
+            self._rail.all_gather_into(along_rail, t)
+        node = torch.empty(self._L * self._M * piece, dtype=t.dtype)
+        self._local.all_gather_into(node, along_rail)
+        torch.index_select(node.view(-1, piece), 0, self._node_major, out=out.view(self.size, piece))
+
+    def gather(self, array, gather_list, dst: int, async_op: bool = False):
+        """``gather_list[q]`` on rank ``dst`` = rank q's ``array``."""
+        _check_rank(dst, self.size, "dst")
+        outs = [_tensor(o) for o in gather_list] if self.rank == dst else None
+        return self._run(self._world.gather, (_tensor(array), outs, dst), list(gather_list or []),
+                         async_op)
+
+    def scatter(self, array, scatter_list, src: int, async_op: bool = False):
+        """Rank q's ``array`` = ``scatter_list[q]`` of rank ``src``."""
+        _check_rank(src, self.size, "src")
+        ins = [_tensor(a) for a in scatter_list] if self.rank == src else None
+        return self._run(self._world.scatter, (_tensor(array), ins, src), [array], async_op)
+
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None,
+                          async_op: bool = False):
+        """Rank q gets its part of every rank's ``input`` (split sizes in elements; None: even)."""
+        out, inp = _tensor(output), _tensor(input)
+        out_splits = _splits(output_split_sizes, out.numel(), self.size, "output_split_sizes")
+        in_splits = _splits(input_split_sizes, inp.numel(), self.size, "input_split_sizes")
+        return self._run(self._world.all_to_all_single, (out, inp, out_splits, in_splits), [output],
+                         async_op)
+
+    def all_to_all(self, output_list, input_list, async_op: bool = False):
+        """``output_list[q]`` = rank q's ``input_list[rank]``."""
+        import torch
+
+        outs, ins = [_tensor(o) for o in output_list], [_tensor(a) for a in input_list]
+        if len(outs) != self.size or len(ins) != self.size:
+            raise ValueError(f"output_list and input_list must hold world_size={self.size} arrays")
+        out_splits, in_splits = [o.numel() for o in outs], [a.numel() for a in ins]
+        whole_out = torch.empty(sum(out_splits), dtype=outs[0].dtype if outs else torch.uint8)
+
+        def exchange():
+            self._world.all_to_all_single(whole_out, torch.cat(ins), out_splits, in_splits)
+            for o, part in zip(outs, torch.split(whole_out, out_splits)):
+                o.copy_(part)
+        return self._run(exchange, (), list(output_list), async_op)
+
+    def barrier(self, async_op: bool = False):
+        """Return once every rank of every node called it."""
+        return self._run(self._barrier, (), [], async_op)
+
+    def _barrier(self) -> None:
+        if self._flat:
+            return self._world.barrier()
+        self._local.barrier()
+        if self._M > 1 and self._l == 0:
+            self._rail.barrier()
+        self._local.barrier()
+
+    # ---- point to point: straight through the inter-node engine ---------------------------------
+    def isend(self, array, dst: int, tag: int = 0) -> _LinkWork:
+        """Start sending ``array`` to rank ``dst``."""
+        _check_rank(dst, self.size, "dst")
+        t = _tensor(array)
+        return _LinkWork(self._world.isend(t, dst, tag), [array])
+
+    def irecv(self, array, src: int | None = None, tag: int = 0) -> _LinkWork:
+        """Start receiving into ``array`` from ``src`` (None: any rank)."""
+        if src is not None:
+            _check_rank(src, self.size, "src")
+        t = _tensor(array)
+        return _LinkWork(self._world.irecv(t, src, tag), [array])
+
+
+def _padded(t, count: int):
+    import torch
+
+    buf = torch.zeros(count, dtype=t.dtype)
+    buf[:t.numel()] = t
+    return buf
+
+
+def _check_rank(rank, size: int, argname: str) -> None:
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
+        raise ValueError(f"{argname} must be a rank in [0, {size}), got {rank!r}")
+
+
+def _splits(sizes, count: int, n: int, argname: str) -> list[int]:
+    if sizes is None:
+        if count % n:
+            raise ValueError(f"{count} elements do not split evenly into world_size={n}; pass {argname}")
+        return [count // n] * n
+    sizes = [int(s) for s in sizes]
+    if len(sizes) != n or any(s < 0 for s in sizes) or sum(sizes) != count:
+        raise ValueError(f"{argname} must be {n} non-negative sizes summing to {count}, got {sizes}")
+    return sizes
+
+
+# ---- the numpy API's group -------------------------------------------------------------------------
+class HierarchicalGroup(ProcessGroup):
+    """A ``shmcomm.ProcessGroup`` across nodes: the same methods, composed by ``HierarchicalComm``
+    (shared memory inside this node's group ``node``, the inter-node engine between nodes).
+
+    Example::
+
+        pg = sc.init_process_group()       # torchrun --nnodes 2 --nproc-per-node 2 ...
+        pg.all_reduce(x); print(pg.rank, pg.size, pg.topology.nodes)
+    """
+
+    def __init__(self, comm: HierarchicalComm, node: ProcessGroup, name: str):
+        # not ProcessGroup.__init__: the node group owns the segment, its queue and its rings;
+        # this group queues its operations there (point to point goes between nodes instead)
+        self._comm, self._p2p = node._comm, node._p2p
+        self._global_ranks, self._name = list(range(comm.size)), name
+        self._subgroups, self._destroyed = 0, False
+        self.comm, self.node, self.topology = comm, node, comm.topology
+        group_registry.add(self)
+
+    @property
+    def rank(self) -> int:
+        return self.comm.rank
+
+    @property
+    def size(self) -> int:
+        return self.comm.size
+
+    def __repr__(self) -> str:
+        return (f"<shmcomm.HierarchicalGroup {self._name} rank={self.rank} size={self.size} "
+                f"nodes={len(self.topology.nodes)}>")
+
+    def run(self, fn, args: tuple, outputs: list, async_op: bool):
+        """As ``ProcessGroup.run``; ``fn`` may also be a ``HierarchicalComm`` method."""
+        if self._destroyed:
+            raise ValueError(f"process group {self._name} was destroyed")
+        if getattr(fn, "__self__", None) is self.comm:
+            return fn(*args, async_op=async_op)
+        return self._comm.submit(fn, tuple(args), outputs, async_op)
+
+    def all_reduce(self, array, op=ReduceOp.SUM, async_op=False):
+        return self.comm.all_reduce(array, op_code(op), async_op)
+
+    def all_reduce_coalesced(self, arrays, op=ReduceOp.SUM, async_op=False):
+        arrays, code = list(arrays), op_code(op)
+        return self._comm.submit(lambda: [self.comm.all_reduce(a, code) for a in arrays], (), arrays,
+                                 async_op)
+
+    def reduce(self, array, dst, op=ReduceOp.SUM, async_op=False):
+        return self.comm.reduce(array, dst, op_code(op), async_op)
+
+    def broadcast(self, array, src, async_op=False):
+        return self.comm.broadcast(array, src, async_op)
+
+    def all_gather(self, output_list, array, async_op=False):
+        return self.comm.all_gather(list(output_list), array, async_op)
+
+    def all_gather_into(self, output, array, async_op=False):
+        return self.comm.all_gather_into(output, array, async_op)
+
+    def gather(self, array, gather_list=None, dst=0, async_op=False):
+        if (self.rank == dst) != (gather_list is not None):
+            raise ValueError("gather_list is required on the dst rank and must be None elsewhere")
+        return self.comm.gather(array, gather_list, dst, async_op)
+
+    def scatter(self, array, scatter_list=None, src=0, async_op=False):
+        if (self.rank == src) != (scatter_list is not None):
+            raise ValueError("scatter_list is required on the src rank and must be None elsewhere")
+        return self.comm.scatter(array, scatter_list, src, async_op)
+
+    def reduce_scatter(self, output, input_list, op=ReduceOp.SUM, async_op=False):
+        return self.comm.reduce_scatter(output, list(input_list), op_code(op), async_op)
+
+    def reduce_scatter_into(self, output, input, op=ReduceOp.SUM, async_op=False):
+        return self.comm.reduce_scatter_into(output, input, op_code(op), async_op)
+
+    def all_to_all(self, output_list, input_list, async_op=False):
+        return self.comm.all_to_all(list(output_list), list(input_list), async_op)
+
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None,
+                          async_op=False):
+        return self.comm.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
+                                           async_op)
+
+    def barrier(self, async_op=False):
+        return self.comm.barrier(async_op)
+
+    def isend(self, array, dst: int, tag: int = 0):
+        return self.comm.isend(array, dst, tag)
+
+    def irecv(self, array, src: int | None = None, tag: int = 0):
+        return self.comm.irecv(array, src, tag)
+
+    def send(self, array, dst, tag=0):
+        self.comm.isend(array, dst, tag).wait()
+
+    def recv(self, array, src=None, tag=0) -> int:
+        work = self.comm.irecv(array, src, tag)
+        work.wait()
+        return work.source_rank()
+
+    def empty(self, shape, dtype=float):
+        """A numpy array in this node's shared memory (collective over every rank)."""
+        self.barrier()
+        return self.node.empty(shape, dtype)
+
+    def destroy(self) -> None:
+        """Release this node's shared memory once queued operations ran (idempotent)."""
+        if self._destroyed:
+            return
+        self._destroyed = True
+        group_registry.discard(self)
+        self.node.destroy()
+
+
+def build(store, rank: int, size: int, timeout: float, key: str, label: str, secret_fn=None):
+    """Every rank's host through ``store``; on several hosts, this rank's node group, links and
+    ``HierarchicalGroup``, else None (the caller makes a one-node group). Collective.
+
+    Example::
+
+        group = build(store, rank, size, 60.0, "shmcomm/np", "job-42")
+    """
+    hosts = exchange_hosts(store, key, rank, size)
+    topology = Topology(hosts)
+    if len(topology.nodes) == 1:
+        return None
+    node_index, local = topology.node_of[rank], topology.local_of[rank]
+    node_ranks = topology.nodes[node_index]
+    job_key = f"{key}/node{node_index}"
+    if local == 0:
+        import uuid
+
+        store.set(f"{job_key}/job", f"{label}-n{node_index}-{uuid.uuid4().hex[:8]}")
+        store.set(f"{job_key}/secret", secret_fn() if secret_fn else "")
+    job = store.get(f"{job_key}/job").decode()
+    secret = store.get(f"{job_key}/secret").decode() or None
+    comm = _core.Communicator(job, "node", local, len(node_ranks), timeout, secret=secret)
+    node = ProcessGroup(comm, node_ranks, f"{job}.node")
+    try:
+        from shmcomm.internode import connect_gloo
+
+        rail, world = connect_gloo(store, rank, size, timeout, topology.rails)
+    except BaseException:
+        node.destroy()
+        raise
+    hcomm = HierarchicalComm(topology, rank, comm, rail, world)
+    return HierarchicalGroup(hcomm, node, f"{label}.h")
+
+
+def init_multinode(rank: int, size: int, job: str, timeout: float) -> HierarchicalGroup:
+    """The numpy API's default group on several nodes (``init_process_group`` calls it when
+    ``WORLD_SIZE`` != ``LOCAL_WORLD_SIZE``): the store from ``MASTER_ADDR``/``MASTER_PORT`` (as
+    torch's ``env://``), then ``build``.
+
+    Example::
+
+        pg = init_multinode(rank=2, size=4, job="job-42", timeout=60.0)
+    """
+    local_size = os.environ.get("LOCAL_WORLD_SIZE")
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        raise ShmcommError(
+            f"ranks span several nodes (WORLD_SIZE={size}, LOCAL_WORLD_SIZE={local_size}): between "
+            "nodes shmcomm uses torch's gloo; install the extra: pip install 'shmcomm[torch]'") from None
+    for var in ("MASTER_ADDR", "MASTER_PORT"):
+        if not os.environ.get(var):
+            raise ValueError(f"{var} is not set: ranks on several nodes meet through it "
+                             "(torchrun and shmrun --nnodes set it)")
+    import datetime
+
+    from shmcomm.trust import new_secret
+
+    store, _, _ = next(dist.rendezvous("env://", rank, size,
+                                       timeout=datetime.timedelta(seconds=timeout)))
+    store = dist.PrefixStore(f"shmcomm/{job}", store)
+    group = build(store, rank, size, timeout, "np", job, new_secret)
+    if group is None:
+        raise ShmcommError(f"WORLD_SIZE={size} but LOCAL_WORLD_SIZE={local_size}, yet every rank "
+                           "runs on this machine: fix the launch environment")
+    return group
