@@ -141,31 +141,34 @@ def _divide(t, n: int) -> None:
 class _LinkWork:
     """A ``shmcomm.Work``-like handle over the inter-node engine's Work (point to point)."""
 
-    def __init__(self, work, arrays, copy_back=None):
-        self._work, self._arrays, self._copy_back = work, arrays, copy_back
-        self._error = None
+    def __init__(self, work, arrays):
+        self._work, self._arrays = work, arrays
+        self._error, self._done = None, False
 
     def wait(self, timeout=None) -> bool:
         import datetime
 
+        if self._done:  # gloo's point-to-point wait is not idempotent: a second one waits for
+            if self._error is not None:  # another message
+                raise self._error
+            return True
         try:
             if timeout is None:
                 self._work.wait()
             else:
                 self._work.wait(datetime.timedelta(seconds=float(timeout)))
         except Exception as exc:  # noqa: BLE001 - the engine's error, as shmcomm's
+            self._done = True
             self._error = ShmcommError(f"point-to-point across nodes failed: {exc}")
             raise self._error from exc
-        if self._copy_back is not None:
-            self._copy_back()
-            self._copy_back = None
+        self._done = True
         return True
 
     def is_completed(self) -> bool:
-        return self._work.is_completed()
+        return self._done or self._work.is_completed()
 
     def is_success(self) -> bool:
-        return self._work.is_completed() and self._error is None and self._work.is_success()
+        return self.is_completed() and self._error is None
 
     def exception(self):
         return self._error
@@ -569,7 +572,7 @@ def build(store, rank: int, size: int, timeout: float, key: str, label: str, sec
     try:
         from shmcomm.internode import connect_gloo
 
-        rail, world = connect_gloo(store, rank, size, timeout, topology.rails)
+        rail, world = connect_gloo(store, rank, size, timeout, topology.rails, key)
     except BaseException:
         node.destroy()
         raise

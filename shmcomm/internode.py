@@ -8,10 +8,10 @@ communicator over some ranks of the group. A hierarchical group uses two:
 - its **world**: every rank of the group (point to point, all_to_all, gather, scatter, and
   everything when nodes hold different numbers of ranks).
 
-A link's methods take contiguous torch CPU tensors and block until done (the hierarchy runs
-them on its group's progress thread); ``op`` is a shmcomm op code without AVG and PREMUL_SUM
-(the hierarchy turns those into SUM). Another engine (mpi4py, say) is one more ``connect``
-function returning objects with these methods::
+A link's methods take contiguous 1-D torch CPU tensors of any dtype and block until done (the
+hierarchy runs them on its group's progress thread); ``op`` is a shmcomm op code without AVG
+and PREMUL_SUM (the hierarchy turns those into SUM). Another engine (mpi4py, say) is one more
+``connect`` function returning objects with these methods::
 
     rail, world = connect_gloo(store, rank=3, size=4, timeout=60.0, rails=[[0, 2], [1, 3]])
     rail.all_reduce(t, 0)          # SUM over ranks 1 and 3 (rank 3 is in the second rail)
@@ -35,8 +35,35 @@ def _gloo_ops():
             int(ReduceOp.BXOR): r.BXOR}
 
 
+def _native_reductions():
+    """(dtype, op code) pairs gloo reduces itself; others go by all-gather + shmcomm's kernel."""
+    import torch
+
+    from shmcomm.ops import ReduceOp
+
+    arithmetic = [int(ReduceOp[name]) for name in ("SUM", "PRODUCT", "MIN", "MAX")]
+    bitwise = [int(ReduceOp[name]) for name in ("BAND", "BOR", "BXOR")]
+    floats = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+    ints = (torch.int8, torch.uint8, torch.int32, torch.int64)
+    pairs = {(d, op) for d in floats for op in arithmetic}
+    pairs |= {(d, op) for d in ints for op in arithmetic + bitwise}
+    pairs |= {(d, int(ReduceOp.SUM)) for d in (torch.complex64, torch.complex128)}
+    return pairs
+
+
+def _bytes(t):
+    """``t``'s memory as uint8 (gloo moves every dtype this way, whatever kernels it has)."""
+    import torch
+
+    return t.view(torch.uint8)
+
+
 class GlooLink:
     """One inter-node communicator: a torch ``ProcessGroupGloo`` over ``size`` ranks.
+
+    Data moves as bytes, so every dtype crosses; reductions gloo has no kernel for (int16,
+    unsigned wide types, bool, complex products...) all-gather the values and reduce them with
+    shmcomm's own kernel in link-rank order, so every rank still gets the same bits.
 
     Example::
 
@@ -49,6 +76,7 @@ class GlooLink:
 
         self._dist = dist
         self._ops = _gloo_ops()
+        self._native = _native_reductions()
         self.rank, self.size = rank, size
         self._pg = dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, size,
                                          datetime.timedelta(seconds=timeout))
@@ -61,57 +89,79 @@ class GlooLink:
 
     def all_reduce(self, t, op: int) -> None:
         """Reduce ``t`` in place over the link's ranks."""
+        if (t.dtype, op) not in self._native:
+            return self._reduce_gathered(t, t, op)
         opts = self._dist.AllreduceOptions()
         opts.reduceOp = self._op(op)
         self._pg.allreduce([t], opts).wait()
+
+    def _reduce_gathered(self, out, t, op: int, piece: int | None = None) -> None:
+        """``out`` = op over every rank's ``t`` (or over its piece ``piece``), by shmcomm's kernel."""
+        import torch
+
+        from shmcomm._core import reduce_kernel
+
+        n = t.numel()
+        every = torch.empty(self.size * n, dtype=t.dtype)
+        self.all_gather_into(every, t)
+        lo, hi = (0, n) if piece is None else (piece * out.numel(), (piece + 1) * out.numel())
+        reduce_kernel(out, [every[q * n + lo:q * n + hi] for q in range(self.size)], op)
 
     def broadcast(self, t, root: int) -> None:
         """Copy link rank ``root``'s ``t`` into every rank's."""
         opts = self._dist.BroadcastOptions()
         opts.rootRank = root
-        self._pg.broadcast([t], opts).wait()
+        self._pg.broadcast([_bytes(t)], opts).wait()
 
     def all_gather_into(self, out, t) -> None:
         """``out`` = every rank's ``t``, in link-rank order."""
-        self._pg._allgather_base(out, t).wait()
+        self._pg._allgather_base(_bytes(out), _bytes(t)).wait()
 
     def reduce_scatter_into(self, out, t, op: int) -> None:
         """``out`` on link rank r = reduction of piece r of every rank's ``t``."""
+        if (t.dtype, op) not in self._native:
+            return self._reduce_gathered(out, t, op, piece=self.rank)
         opts = self._dist.ReduceScatterOptions()
         opts.reduceOp = self._op(op)
         self._pg._reduce_scatter_base(out, t, opts).wait()
 
     def all_to_all_single(self, out, t, out_splits: list, in_splits: list) -> None:
-        """Rank q gets the ``in_splits[q]`` rows of ``t`` meant for it, into ``out``."""
-        self._pg.alltoall_base(out, t, out_splits, in_splits, self._dist.AllToAllOptions()).wait()
+        """Rank q gets the ``in_splits[q]`` elements of ``t`` meant for it, into ``out``."""
+        width = t.element_size()
+        self._pg.alltoall_base(_bytes(out), _bytes(t), [s * width for s in out_splits],
+                               [s * width for s in in_splits], self._dist.AllToAllOptions()).wait()
 
     def gather(self, t, outs: list | None, root: int) -> None:
         """Link rank ``root``'s ``outs[q]`` = rank q's ``t``."""
         opts = self._dist.GatherOptions()
         opts.rootRank = root
-        self._pg.gather([outs] if outs is not None else [], [t], opts).wait()
+        self._pg.gather([[_bytes(o) for o in outs]] if outs is not None else [], [_bytes(t)],
+                        opts).wait()
 
     def scatter(self, t, ins: list | None, root: int) -> None:
         """Rank q's ``t`` = link rank ``root``'s ``ins[q]``."""
         opts = self._dist.ScatterOptions()
         opts.rootRank = root
-        self._pg.scatter([t], [ins] if ins is not None else [], opts).wait()
+        self._pg.scatter([_bytes(t)], [[_bytes(a) for a in ins]] if ins is not None else [],
+                         opts).wait()
 
     def barrier(self) -> None:
         """Return once every rank of the link called it."""
-        self._pg.barrier().wait()
 
     def isend(self, t, dst: int, tag: int):
         """Start sending ``t`` to link rank ``dst``: a torch Work."""
-        return self._pg.send([t], dst, tag)
+        return self._pg.send([_bytes(t)], dst, tag)
 
     def irecv(self, t, src: int | None, tag: int):
         """Start receiving into ``t`` from ``src`` (None: any rank): a torch Work."""
+        t = _bytes(t)
         return self._pg.recv_anysource([t], tag) if src is None else self._pg.recv([t], src, tag)
 
 
-def connect_gloo(store, rank: int, size: int, timeout: float, rails: list[list[int]] | None):
-    """This rank's rail link (None without ``rails``) and the world link, over ``store``.
+def connect_gloo(store, rank: int, size: int, timeout: float, rails: list[list[int]] | None,
+                 key: str = "shmcomm"):
+    """This rank's rail link (None without ``rails``) and the world link, over ``store`` under
+    ``key`` (unique to this group and incarnation).
 
     ``rails`` lists the group ranks of each rail; every rank of the group must call this with
     the same arguments but its own ``rank`` (each link is a collective rendezvous).
@@ -123,7 +173,7 @@ def connect_gloo(store, rank: int, size: int, timeout: float, rails: list[list[i
     rail = None
     if rails:
         index = next(i for i, members in enumerate(rails) if rank in members)
-        rail = GlooLink(store, f"shmcomm/rail{index}/", rails[index].index(rank), len(rails[index]),
+        rail = GlooLink(store, f"{key}/rail{index}/", rails[index].index(rank), len(rails[index]),
                         timeout)
-    world = GlooLink(store, "shmcomm/world/", rank, size, timeout)
+    world = GlooLink(store, f"{key}/world/", rank, size, timeout)
     return rail, world
