@@ -339,7 +339,8 @@ class HierarchicalComm:
             self._rail.all_gather_into(along_rail, t)
         node = torch.empty(self._L * self._M * piece, dtype=t.dtype)
         self._local.all_gather_into(node, along_rail)
-        torch.index_select(node.view(-1, piece), 0, self._node_major, out=out.view(self.size, piece))
+        torch.index_select(node.view(self._L * self._M, piece), 0, self._node_major,
+                           out=out.view(self.size, piece))
 
     def gather(self, array, gather_list, dst: int, async_op: bool = False):
         """``gather_list[q]`` on rank ``dst`` = rank q's ``array``."""

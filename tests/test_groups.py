@@ -75,3 +75,24 @@ def _world_of_one(rank, size):
 @pytest.mark.timeout(30)
 def test_world_size_one():
     assert run_ranks(_world_of_one, 1) == [True]
+
+
+@pytest.mark.timeout(30)
+def test_multinode_launch_without_torch_fails_at_once():
+    """Under a launch on several nodes (LOCAL_WORLD_SIZE != WORLD_SIZE) the numpy API needs
+    torch's gloo between nodes: without it, a clear error at once, never a timeout."""
+    import subprocess
+    import sys
+    import time
+
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import shmcomm as sc\n"
+            "try:\n    sc.init_process_group()\n"
+            "except sc.ShmcommError as exc:\n    print('refused:', exc)\n")
+    env = dict(os.environ, RANK="0", WORLD_SIZE="4", LOCAL_WORLD_SIZE="2", SHMCOMM_JOB="nodes-test",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
+    start = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=25)
+    assert "refused:" in out.stdout and "shmcomm[torch]" in out.stdout, out.stdout + out.stderr
+    assert "LOCAL_WORLD_SIZE=2" in out.stdout
+    assert time.monotonic() - start < 10

@@ -1,0 +1,78 @@
+"""The numpy API across simulated nodes (run by tests/test_multinode.py under torchrun): every
+collective against numpy references, several dtypes, ops and sizes, async too.
+
+Prints "rank R numpy ok N" at the end; any failure raises (non-zero exit).
+"""
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import shmcomm as sc  # noqa: E402
+from reference import assert_same_bits, make_input, reduce_reference  # noqa: E402
+
+
+
+def close_or_same(got, expected, what):
+    """Floats: across nodes the sum order is node by node, not one rank-order pass, and half
+    types round between the two stages (values here are below 8: two float16 ulps there)."""
+    if got.dtype.kind == "f":
+        half = got.dtype == np.float16
+        np.testing.assert_allclose(got.astype(np.float64), expected.astype(np.float64),
+                                   rtol=2e-3 if half else 1e-5, atol=8e-3 if half else 1e-5, err_msg=what)
+    else:
+        assert_same_bits(got, expected, what)
+
+
+pg = sc.init_process_group()
+assert isinstance(pg, sc.hierarchy.HierarchicalGroup), pg
+rank, size, checked = pg.rank, pg.size, 0
+for dtype in map(np.dtype, (np.float32, np.float64, np.float16, np.int16, np.int64, np.uint32, np.bool_)):
+    ops = ["SUM", "MAX", "MIN"] + (["AVG"] if dtype.kind == "f" else []) + \
+          (["BXOR"] if dtype.kind in "iu" else [])
+    for count in (0, 1, 7, 300_001):
+        inputs = [make_input(dtype, count, r) for r in range(size)]
+        for op in ops:
+            x = inputs[rank].copy()
+            sc.all_reduce(x, op=sc.ReduceOp[op])
+            close_or_same(x, reduce_reference(inputs, op), f"all_reduce {dtype} {op} {count}")
+            checked += 1
+        everyone = np.empty(count * size, dtype)
+        sc.all_gather_into(everyone, inputs[rank])
+        assert_same_bits(everyone, np.concatenate(inputs), f"all_gather_into {dtype} {count}")
+        b = inputs[rank].copy()
+        sc.broadcast(b, src=size - 1)
+        assert_same_bits(b, inputs[size - 1], f"broadcast {dtype} {count}")
+        checked += 2
+    whole = [make_input(dtype, 5 * size, r, salt=1) for r in range(size)]
+    out = np.empty(5, dtype)
+    op = "MAX" if dtype == np.bool_ else "SUM"
+    sc.reduce_scatter_into(out, whole[rank], op=sc.ReduceOp[op])
+    close_or_same(out, reduce_reference(whole, op)[rank * 5:(rank + 1) * 5], f"reduce_scatter {dtype}")
+    checked += 1
+# async, reduce (other ranks unchanged), barrier, all_to_all, gather/scatter, point to point
+x = np.full(1000, rank + 1.0)
+work = sc.all_reduce(x, async_op=True)
+assert work.wait() and (x == size * (size + 1) / 2).all()
+y = np.full(3, rank + 1.0)
+sc.reduce(y, dst=1)
+assert (y == (size * (size + 1) / 2 if rank == 1 else rank + 1.0)).all(), y
+sc.barrier()
+outs = [np.empty(2, np.int32) for _ in range(size)]
+sc.all_to_all(outs, [np.full(2, rank * 10 + q, np.int32) for q in range(size)])
+assert all((o == q * 10 + rank).all() for q, o in enumerate(outs)), outs
+g = [np.empty(1) for _ in range(size)] if rank == 0 else None
+sc.gather(np.full(1, float(rank)), g, dst=0)
+assert rank != 0 or [a[0] for a in g] == list(range(size))
+if rank == 0:
+    sc.send(np.arange(4.0), dst=size - 1, tag=5)
+elif rank == size - 1:
+    buf = np.empty(4)
+    assert sc.recv(buf, src=None, tag=5) == 0 and (buf == np.arange(4.0)).all()
+objs = [None] * size
+sc.all_gather_object(objs, {"rank": rank})
+assert objs == [{"rank": r} for r in range(size)]
+checked += 8
+print(f"rank {rank} numpy ok {checked} on {len(pg.topology.nodes)} nodes", flush=True)
+sc.destroy_process_group()

@@ -1,0 +1,158 @@
+"""Jobs on several simulated nodes: hierarchical groups (shared memory inside a node, gloo between).
+
+Each node is its own UTS, IPC and mount namespace (``unshare``) with its own hostname and an
+empty tmpfs on /dev/shm, sharing the loopback network: started with ``torchrun --nnodes N
+--node-rank K --master-addr 127.0.0.1``, such trees behave as separate machines. Skipped, with
+the reason, where torch or the namespaces are not available.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = Path(__file__).resolve().parent
+torch = pytest.importorskip("torch")
+
+
+def _namespaces_refusal() -> str | None:
+    try:
+        probe = subprocess.run(["unshare", "--uts", "--ipc", "--mount", "--fork", "sh", "-c",
+                                "hostname probe && mount -t tmpfs tmpfs /dev/shm"],
+                               capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unshare cannot run here: {exc}"
+    return None if probe.returncode == 0 else f"unshare refused: {probe.stderr.strip()[:200]}"
+
+
+REFUSAL = _namespaces_refusal()
+pytestmark = pytest.mark.skipif(REFUSAL is not None, reason=str(REFUSAL))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_nodes(script: str, per_node: list[int], *args: str, env: dict | None = None):
+    """Start one simulated node per entry of ``per_node`` (its rank count), each running
+    ``torchrun <script> <args>``; return the node processes (own sessions, text output)."""
+    port = _free_port()
+    environ = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
+                   SHMCOMM_TIMEOUT="60", **(env or {}))
+    nodes = []
+    for k, n in enumerate(per_node):
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(per_node)),
+                    "--node-rank", str(k), "--nproc-per-node", str(n), "--master-addr", "127.0.0.1",
+                    "--master-port", str(port), script, *args]
+        inner = (f"hostname node{k} && mount -t tmpfs tmpfs /dev/shm && {' '.join(torchrun)}; "
+                 "rc=$?; echo shm-left=$(ls -A /dev/shm | wc -l); exit $rc")
+        nodes.append(subprocess.Popen(["unshare", "--uts", "--ipc", "--mount", "--fork", "sh", "-c", inner],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      env=environ, start_new_session=True))
+    return nodes
+
+
+def finish(nodes, timeout: float) -> list[tuple[int, str]]:
+    """Each node's exit code and output; kills every node past ``timeout`` seconds."""
+    results = []
+    deadline = time.monotonic() + timeout
+    for p in nodes:
+        try:
+            out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in nodes:
+                _kill(q)
+            out, _ = p.communicate()
+            pytest.fail(f"simulated node timed out after {timeout} s:\n{out[-3000:]}")
+        results.append((p.returncode, out))
+    return results
+
+
+def _kill(p) -> None:
+    """SIGKILL a node: its launcher and every process under it (torchrun starts its workers in
+    sessions of their own, so the process group alone would miss them)."""
+    import psutil
+
+    try:
+        tree = [psutil.Process(p.pid), *psutil.Process(p.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for proc in tree:
+        try:
+            proc.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+
+
+def run_nodes(script: str, per_node: list[int], *args: str, timeout: float = 240.0) -> str:
+    results = finish(start_nodes(script, per_node, *args), timeout)
+    text = "\n".join(out for _, out in results)
+    for k, (rc, out) in enumerate(results):
+        assert rc == 0, f"node {k} exited with {rc}:\n{out[-4000:]}"
+        assert "shm-left=0" in out, f"node {k} left files in its /dev/shm:\n{out[-2000:]}"
+    return text
+
+
+@pytest.mark.timeout(300)
+def test_every_torch_collective_across_two_nodes_of_two():
+    """All of checks.py (every collective, dtype and op, p2p, groups, objects) across 2 x 2."""
+    text = run_nodes(str(SCRIPTS / "torch_scripts" / "all_ops.py"), [2, 2])
+    assert sum(f"rank {r} ok" in text for r in range(4)) == 4, text[-3000:]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("per_node", [[2, 2], [1, 1], [2, 1]], ids=["2x2", "2x1", "uneven-2+1"])
+def test_ddp_matches_gloo_across_nodes(per_node):
+    """DDP on shmcomm across nodes gives gloo's parameters (uneven nodes: plain gloo inside)."""
+    text = run_nodes(str(SCRIPTS / "torch_scripts" / "ddp_compare.py"), per_node)
+    assert text.count("ddp ok") == sum(per_node), text[-3000:]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("per_node", [[2, 2], [1, 1]], ids=["2x2", "2x1"])
+def test_numpy_api_across_nodes(per_node):
+    text = run_nodes(str(SCRIPTS / "multinode_scripts" / "numpy_api.py"), per_node)
+    assert text.count("numpy ok") == sum(per_node), text[-3000:]
+
+
+@pytest.mark.timeout(300)
+def test_a_node_killed_mid_run_fails_the_others_clearly():
+    """Node 1 is killed while every rank loops over all_reduce: node 0's ranks stop with an
+    error naming the failure, well within the group timeout, and leave its /dev/shm empty."""
+    nodes = start_nodes(str(SCRIPTS / "multinode_scripts" / "loop.py"), [2, 2])
+    seen = _read_until(nodes[0], "looping", 120.0)
+    _kill(nodes[1])
+    killed_at = time.monotonic()
+    (rc0, rest), _ = finish(nodes, 120.0)
+    took, out0 = time.monotonic() - killed_at, seen + rest
+    assert "looping" in seen, f"the job never started:\n{out0[-3000:]}"
+    assert rc0 != 0, out0[-3000:]
+    assert "Connection closed" in out0 or "PeerFailureError" in out0 or "ShmcommError" in out0, out0[-3000:]
+    assert took < 55, f"survivors took {took:.0f} s to stop (their timeout is 60 s)"
+    assert "shm-left=0" in out0, out0[-2000:]
+
+
+def _read_until(p, marker: str, timeout: float) -> str:
+    """Lines of ``p``'s output until one holds ``marker`` (or ``timeout`` seconds pass)."""
+    import selectors
+
+    seen, deadline = "", time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        sel.register(p.stdout, selectors.EVENT_READ)
+        while marker not in seen and time.monotonic() < deadline:
+            if sel.select(timeout=1.0):
+                line = p.stdout.readline()
+                if not line:
+                    break
+                seen += line
+    return seen
