@@ -8,10 +8,6 @@ the reason, where torch or the namespaces are not available.
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,75 +19,18 @@ SCRIPTS = Path(__file__).resolve().parent
 torch = pytest.importorskip("torch")
 
 
-def _namespaces_refusal() -> str | None:
-    try:
-        probe = subprocess.run(["unshare", "--uts", "--ipc", "--mount", "--fork", "sh", "-c",
-                                "hostname probe && mount -t tmpfs tmpfs /dev/shm"],
-                               capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"unshare cannot run here: {exc}"
-    return None if probe.returncode == 0 else f"unshare refused: {probe.stderr.strip()[:200]}"
+sys.path.insert(0, str(REPO / "bench"))
+from simulated_nodes import finish as _finish, kill_node, refusal, start_nodes  # noqa: E402
 
-
-REFUSAL = _namespaces_refusal()
+REFUSAL = refusal()
 pytestmark = pytest.mark.skipif(REFUSAL is not None, reason=str(REFUSAL))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_nodes(script: str, per_node: list[int], *args: str, env: dict | None = None):
-    """Start one simulated node per entry of ``per_node`` (its rank count), each running
-    ``torchrun <script> <args>``; return the node processes (own sessions, text output)."""
-    port = _free_port()
-    environ = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
-                   SHMCOMM_TIMEOUT="60", **(env or {}))
-    nodes = []
-    for k, n in enumerate(per_node):
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(per_node)),
-                    "--node-rank", str(k), "--nproc-per-node", str(n), "--master-addr", "127.0.0.1",
-                    "--master-port", str(port), script, *args]
-        inner = (f"hostname node{k} && mount -t tmpfs tmpfs /dev/shm && {' '.join(torchrun)}; "
-                 "rc=$?; echo shm-left=$(ls -A /dev/shm | wc -l); exit $rc")
-        nodes.append(subprocess.Popen(["unshare", "--uts", "--ipc", "--mount", "--fork", "sh", "-c", inner],
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                      env=environ, start_new_session=True))
-    return nodes
-
-
 def finish(nodes, timeout: float) -> list[tuple[int, str]]:
-    """Each node's exit code and output; kills every node past ``timeout`` seconds."""
-    results = []
-    deadline = time.monotonic() + timeout
-    for p in nodes:
-        try:
-            out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in nodes:
-                _kill(q)
-            out, _ = p.communicate()
-            pytest.fail(f"simulated node timed out after {timeout} s:\n{out[-3000:]}")
-        results.append((p.returncode, out))
-    return results
-
-
-def _kill(p) -> None:
-    """SIGKILL a node: its launcher and every process under it (torchrun starts its workers in
-    sessions of their own, so the process group alone would miss them)."""
-    import psutil
-
     try:
-        tree = [psutil.Process(p.pid), *psutil.Process(p.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    for proc in tree:
-        try:
-            proc.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
+        return _finish(nodes, timeout)
+    except TimeoutError as exc:
+        pytest.fail(str(exc))
 
 
 def run_nodes(script: str, per_node: list[int], *args: str, timeout: float = 240.0) -> str:
@@ -131,7 +70,7 @@ def test_a_node_killed_mid_run_fails_the_others_clearly():
     error naming the failure, well within the group timeout, and leave its /dev/shm empty."""
     nodes = start_nodes(str(SCRIPTS / "multinode_scripts" / "loop.py"), [2, 2])
     seen = _read_until(nodes[0], "looping", 120.0)
-    _kill(nodes[1])
+    kill_node(nodes[1])
     killed_at = time.monotonic()
     (rc0, rest), _ = finish(nodes, 120.0)
     took, out0 = time.monotonic() - killed_at, seen + rest

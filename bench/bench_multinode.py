@@ -1,0 +1,108 @@
+"""all_reduce across two simulated nodes of two ranks: shmcomm's hierarchy against plain gloo.
+
+Run:  python bench/bench_multinode.py [--per-node 2] [--nodes 2] [--sizes 8,1K,...,32M] [--rounds 5]
+
+Starts the nodes (bench/simulated_nodes.py: namespaces with their own hostname and /dev/shm,
+sharing loopback, under torchrun), then on every rank joins a default group on "shmcomm" (shared
+memory inside each node, gloo between nodes) and a second group on plain "gloo" over the same
+ranks, and times float32 ``dist.all_reduce`` of each size, alternating the backends in rounds.
+Rank 0 prints, per size, the median over rounds of the per-round mean (best round in brackets)
+and the ratio shmcomm / gloo (lower is better; the goal at 32 MiB is <= 0.6).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "bench"))
+
+SIZES = "8,1K,64K,1M,8M,32M"
+
+
+def _bytes(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+
+
+def rank_main(args) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import shmcomm.torch  # noqa: F401 - registers "shmcomm"
+
+    torch.set_num_threads(1)
+    dist.init_process_group("shmcomm")
+    groups = {"shmcomm": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
+    rows = []
+    for label in args.sizes.split(","):
+        nbytes = _bytes(label)
+        t = torch.ones(max(1, nbytes // 4))
+        iters = max(3, min(200, (64 << 20) // max(nbytes, 1) // 8))
+        times = {name: [] for name in groups}
+        for name, g in groups.items():  # warm-up
+            dist.all_reduce(t, group=g)
+        for _ in range(args.rounds):
+            for name, g in groups.items():
+                dist.barrier(group=g)
+                start = time.perf_counter()
+                for _ in range(iters):
+                    dist.all_reduce(t, group=g)
+                times[name].append((time.perf_counter() - start) / iters)
+        expected = float(dist.get_world_size())
+        t.fill_(1.0)
+        dist.all_reduce(t)
+        assert torch.all(t == expected), "shmcomm's all_reduce gave a wrong result"
+        rows.append((label, times))
+    if dist.get_rank() == 0:
+        from shmcomm.hierarchy import HierarchicalGroup
+
+        backend = groups["shmcomm"]._get_backend(torch.device("cpu"))
+        nodes = backend._pg.topology.describe() if isinstance(backend._pg, HierarchicalGroup) else "one node"
+        print(f"torch {torch.__version__}, {dist.get_world_size()} ranks ({nodes}), {os.cpu_count()} CPUs, "
+              f"{args.rounds} rounds alternating the backends; float32 all_reduce, ms per call")
+        print(f"{'size':>6} {'shmcomm':>17} {'gloo':>17} {'ratio':>7}")
+        for label, times in rows:
+            ours, theirs = (statistics.median(times[n]) * 1e3 for n in ("shmcomm", "gloo"))
+            best = {n: min(times[n]) * 1e3 for n in times}
+            goal = "  goal <= 0.6" if label == "32M" else ""
+            print(f"{label:>6} {ours:8.3f} [{best['shmcomm']:6.3f}] {theirs:8.3f} [{best['gloo']:6.3f}] "
+                  f"{ours / theirs:7.3f}{goal}", flush=True)
+    dist.destroy_process_group()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--per-node", type=int, default=2)
+    parser.add_argument("--sizes", default=SIZES, help="comma list, e.g. 8,1K,1M,32M")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    if "LOCAL_RANK" in os.environ:  # a rank started by torchrun
+        rank_main(args)
+        return 0
+    from simulated_nodes import finish, refusal, start_nodes
+
+    why = refusal()
+    if why:
+        print(f"skipped: simulated nodes cannot run here ({why})")
+        return 0
+    nodes = start_nodes(os.path.abspath(__file__), [args.per_node] * args.nodes, *sys.argv[1:])
+    results = finish(nodes, 1800.0)
+    for k, (rc, out) in enumerate(results):
+        lines = [line for line in out.splitlines() if "Unable to resolve hostname" not in line
+                 and not line.startswith(("W1", "*"))]
+        if k == 0 or rc != 0:
+            print("\n".join(lines))
+        if rc != 0:
+            print(f"node {k} failed with exit code {rc}")
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
