@@ -36,15 +36,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_nodes(script: str, per_node: list[int], *args: str, env: dict | None = None) -> list:
+def start_nodes(script: str, per_node: list[int], *args: str, env: dict | None = None,
+                launcher: str = "torchrun") -> list:
     """Start one node per entry of ``per_node`` (its rank count), each running ``torchrun
-    script args``; each prints ``shm-left=N`` (files left in its /dev/shm) after its job."""
+    script args`` (``launcher="shmrun"``: shmrun with the same flags); each prints
+    ``shm-left=N`` (files left in its /dev/shm) after its job."""
     port = _free_port()
     environ = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
                    SHMCOMM_TIMEOUT="60", **(env or {}))
     nodes = []
     for k, n in enumerate(per_node):
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(per_node)),
+        module = "torch.distributed.run" if launcher == "torchrun" else "shmcomm.launch"
+        torchrun = [sys.executable, "-m", module, "--nnodes", str(len(per_node)),
                     "--node-rank", str(k), "--nproc-per-node", str(n), "--master-addr", "127.0.0.1",
                     "--master-port", str(port), script, *args]
         inner = (f"hostname node{k} && mount -t tmpfs tmpfs /dev/shm && {' '.join(torchrun)}; "

@@ -50,7 +50,8 @@ _PR_SET_CHILD_SUBREAPER = 36
 # Launcher options: those taking a value, and plain switches. The command line is split by hand at
 # the first token that is not one of these, so every later token (dashes included) is the program's.
 _VALUED = {"-n", "--nproc", "--nproc-per-node", "--nproc_per_node", "--bind-to", "--log-dir",
-           "--max-restarts", "--grace"}
+           "--max-restarts", "--grace", "--nnodes", "--node-rank", "--node_rank", "--master-addr",
+           "--master_addr", "--master-port", "--master_port"}
 _SWITCHES = {"--no-prefix", "-h", "--help", "--version"}
 
 
@@ -71,6 +72,10 @@ class LaunchConfig:
     log_dir: str | None = None
     max_restarts: int = 0
     grace: float = 5.0
+    nnodes: int = 1                 # several nodes: each runs its own shmrun (static rendezvous)
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None  # None: a free port (one node only)
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -94,6 +99,15 @@ def _build_parser() -> argparse.ArgumentParser:
                         help="restart the whole job up to K times after a failure (default: 0)")
     parser.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
                         help="time between SIGTERM and SIGKILL when stopping ranks (default: 5)")
+    parser.add_argument("--nnodes", type=int, default=1, metavar="M",
+                        help="nodes in the job; each node runs shmrun with the same flags and its "
+                             "--node-rank (default: 1)")
+    parser.add_argument("--node-rank", "--node_rank", dest="node_rank", type=int, default=0,
+                        metavar="K", help="this node's index in [0, M) (default: 0)")
+    parser.add_argument("--master-addr", "--master_addr", dest="master_addr", default="127.0.0.1",
+                        metavar="HOST", help="address of node 0 (default: 127.0.0.1)")
+    parser.add_argument("--master-port", "--master_port", dest="master_port", type=int,
+                        metavar="PORT", help="port of the job's store on node 0 (needed with --nnodes)")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     return parser
 
@@ -152,6 +166,11 @@ def parse_args(argv: list[str] | None = None) -> LaunchConfig:
         parser.error(f"--max-restarts must be >= 0, got {ns.max_restarts}")
     if not ns.grace >= 0:  # also rejects nan
         parser.error(f"--grace must be >= 0 seconds, got {ns.grace}")
+    if ns.nnodes < 1 or not 0 <= ns.node_rank < ns.nnodes:
+        parser.error(f"--node-rank must be in [0, --nnodes={ns.nnodes}), got {ns.node_rank}")
+    if ns.nnodes > 1 and ns.master_port is None:
+        parser.error("--nnodes needs --master-port (and --master-addr: node 0's address), the same "
+                     "on every node")
     if module is not None:
         if not module:
             parser.error("-m needs a module name")
@@ -161,7 +180,9 @@ def parse_args(argv: list[str] | None = None) -> LaunchConfig:
     else:
         command = _resolve_program(parser, program)
     return LaunchConfig(nproc=ns.nproc, command=command, bind_to=ns.bind_to, prefix=ns.prefix,
-                        log_dir=ns.log_dir, max_restarts=ns.max_restarts, grace=ns.grace)
+                        log_dir=ns.log_dir, max_restarts=ns.max_restarts, grace=ns.grace,
+                        nnodes=ns.nnodes, node_rank=ns.node_rank, master_addr=ns.master_addr,
+                        master_port=ns.master_port)
 
 
 def _resolve_program(parser: argparse.ArgumentParser, program: list[str]) -> list[str]:
@@ -211,11 +232,12 @@ def rank_environment(cfg: LaunchConfig, rank: int, job: str, port: int, attempt:
     """
     env = dict(os.environ if base is None else base)
     n = cfg.nproc
+    world, global_rank = n * cfg.nnodes, cfg.node_rank * n + rank  # ``rank`` is the local rank
     env.update({
-        "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
-        "ROLE_NAME": "default", "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n),
-        "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": str(n),
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+        "RANK": str(global_rank), "LOCAL_RANK": str(rank), "GROUP_RANK": str(cfg.node_rank),
+        "ROLE_RANK": str(global_rank), "ROLE_NAME": "default", "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(n), "GROUP_WORLD_SIZE": str(cfg.nnodes), "ROLE_WORLD_SIZE": str(world),
+        "MASTER_ADDR": cfg.master_addr, "MASTER_PORT": str(port),
         "TORCHELASTIC_RUN_ID": job, "TORCHELASTIC_RESTART_COUNT": str(attempt),
         "TORCHELASTIC_MAX_RESTARTS": str(cfg.max_restarts),
         # torch's env:// would otherwise wait for an agent-hosted store that shmrun does not run
@@ -327,7 +349,8 @@ class _Supervisor:
         self.cfg, self.console, self.logs = cfg, console, logs
         self.wakeup_r, self.pending = wakeup_r, pending_signals
         self.attempt = attempt
-        self.job = _new_job_name()
+        # one job name on every node (the numpy API meets there under it); one node: unique
+        self.job = _new_job_name() if cfg.nnodes == 1 else f"shmrun-{cfg.master_port}-{attempt}"
         self.secret = trust.new_secret()  # a straggler of an earlier attempt cannot join this one
         self.ranks: list[_Rank] = []
         self.sel = selectors.DefaultSelector()
@@ -341,7 +364,7 @@ class _Supervisor:
     # -- start -------------------------------------------------------------------------------
     def spawn(self) -> int | None:
         """Start every rank; returns an exit code when one could not even be started."""
-        port = _free_port()
+        port = self.cfg.master_port or _free_port()
         cores = _usable_cores()
         self.sel.register(self.wakeup_r, selectors.EVENT_READ, None)
         for r in range(self.cfg.nproc):

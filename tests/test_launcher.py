@@ -420,3 +420,21 @@ def test_help():
     res = shmrun("--help")
     assert res.returncode == 0
     assert b"--max-restarts" in res.stdout and b"--bind-to" in res.stdout
+
+
+def test_several_nodes_get_torchruns_environment(capsys):
+    """--nnodes/--node-rank/--master-addr/--master-port: global RANK, GROUP_RANK, the node's
+    LOCAL_WORLD_SIZE, node 0's address and port, one job name on every node."""
+    from shmcomm.launch import parse_args, rank_environment
+
+    cfg = parse_args(["-n", "2", "--nnodes", "3", "--node-rank", "2", "--master-addr", "10.0.0.1",
+                      "--master-port", "29400", "true"])
+    env = rank_environment(cfg, 1, "job", 29400, base={})
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == ("5", "1", "6", "2")
+    assert (env["GROUP_RANK"], env["GROUP_WORLD_SIZE"]) == ("2", "3")
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.0.0.1", "29400")
+    for bad, message in ((["--nnodes", "2", "true"], "--master-port"),
+                         (["--nnodes", "2", "--node-rank", "2", "--master-port", "1", "true"], "--node-rank")):
+        with pytest.raises(SystemExit):
+            parse_args(["-n", "1", *bad])
+        assert message in capsys.readouterr().err

@@ -33,8 +33,9 @@ def finish(nodes, timeout: float) -> list[tuple[int, str]]:
         pytest.fail(str(exc))
 
 
-def run_nodes(script: str, per_node: list[int], *args: str, timeout: float = 240.0) -> str:
-    results = finish(start_nodes(script, per_node, *args), timeout)
+def run_nodes(script: str, per_node: list[int], *args: str, timeout: float = 240.0,
+              launcher: str = "torchrun") -> str:
+    results = finish(start_nodes(script, per_node, *args, launcher=launcher), timeout)
     text = "\n".join(out for _, out in results)
     for k, (rc, out) in enumerate(results):
         assert rc == 0, f"node {k} exited with {rc}:\n{out[-4000:]}"
@@ -58,9 +59,11 @@ def test_ddp_matches_gloo_across_nodes(per_node):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("per_node", [[2, 2], [1, 1]], ids=["2x2", "2x1"])
-def test_numpy_api_across_nodes(per_node):
-    text = run_nodes(str(SCRIPTS / "multinode_scripts" / "numpy_api.py"), per_node)
+@pytest.mark.parametrize("per_node,launcher", [([2, 2], "torchrun"), ([1, 1], "shmrun")],
+                         ids=["2x2-torchrun", "2x1-shmrun"])
+def test_numpy_api_across_nodes(per_node, launcher):
+    """The numpy API across nodes, started by torchrun or by shmrun --nnodes (same flags)."""
+    text = run_nodes(str(SCRIPTS / "multinode_scripts" / "numpy_api.py"), per_node, launcher=launcher)
     assert text.count("numpy ok") == sum(per_node), text[-3000:]
 
 
