@@ -8,6 +8,7 @@ the reason, where torch or the namespaces are not available.
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from pathlib import Path
@@ -79,7 +80,8 @@ def test_a_node_killed_mid_run_fails_the_others_clearly():
     took, out0 = time.monotonic() - killed_at, seen + rest
     assert "looping" in seen, f"the job never started:\n{out0[-3000:]}"
     assert rc0 != 0, out0[-3000:]
-    assert "Connection closed" in out0 or "PeerFailureError" in out0 or "ShmcommError" in out0, out0[-3000:]
+    # gloo names the lost peer's socket ("Connection closed by peer" or "... reset by peer")
+    assert re.search(r"Connection (closed|reset) by peer|PeerFailureError|ShmcommError", out0), out0[-3000:]
     assert took < 55, f"survivors took {took:.0f} s to stop (their timeout is 60 s)"
     assert "shm-left=0" in out0, out0[-2000:]
 
