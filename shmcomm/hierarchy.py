@@ -416,7 +416,8 @@ def _padded(t, count: int):
 
 
 def _check_rank(rank, size: int, argname: str) -> None:
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
+    """The checks every rank argument gets (TypeError for non-integers, as on one node)."""
+    if not 0 <= _core.rank_arg(rank, argname) < size:
         raise ValueError(f"{argname} must be a rank in [0, {size}), got {rank!r}")
 
 
@@ -533,8 +534,7 @@ class HierarchicalGroup(ProcessGroup):
         return work.source_rank()
 
     def empty(self, shape, dtype=float):
-        """A numpy array in this node's shared memory (collective over every rank)."""
-        self.barrier()
+        """A numpy array in this node's shared memory (collective over this node's ranks)."""
         return self.node.empty(shape, dtype)
 
     def destroy(self) -> None:
