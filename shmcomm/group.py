@@ -227,6 +227,10 @@ class ProcessGroup(_core.GroupCore):
             self._comm.close()
 
 
+    def _leave(self) -> None:
+        self.destroy()  # at interpreter exit; groups across nodes skip their closing barrier
+
+
 _rank_arg = _core.rank_arg
 
 
@@ -441,6 +445,6 @@ def _leave_at_exit() -> None:
     # Peers waiting on this rank learn it left instead of waiting for the liveness check.
     for g in list(_alive):
         try:
-            g.destroy()
+            g._leave()
         except Exception:  # noqa: BLE001 - best effort at interpreter exit
             pass

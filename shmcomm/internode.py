@@ -23,6 +23,11 @@ import datetime
 
 __all__ = ["GlooLink", "connect_gloo"]
 
+# all_reduce of at most this many bytes: all-gather and reduce here. gloo's ring sends several
+# small messages per peer, one after another, and over TCP that measured 0.3-7 ms for 1 KiB on
+# loopback where one all-gather took 0.2 ms.
+GATHER_BYTES = 64 << 10
+
 
 def _gloo_ops():
     import torch.distributed as dist
@@ -89,7 +94,7 @@ class GlooLink:
 
     def all_reduce(self, t, op: int) -> None:
         """Reduce ``t`` in place over the link's ranks."""
-        if (t.dtype, op) not in self._native:
+        if (t.dtype, op) not in self._native or t.numel() * t.element_size() <= GATHER_BYTES:
             return self._reduce_gathered(t, t, op)
         opts = self._dist.AllreduceOptions()
         opts.reduceOp = self._op(op)
@@ -147,6 +152,13 @@ class GlooLink:
 
     def barrier(self) -> None:
         """Return once every rank of the link called it."""
+        self._pg.barrier(self._dist.BarrierOptions()).wait()
+
+    def close(self) -> None:
+        """Stop gloo's threads and close its connections (idempotent)."""
+        pg, self._pg = self._pg, None
+        if pg is not None:
+            pg.shutdown()
 
     def isend(self, t, dst: int, tag: int):
         """Start sending ``t`` to link rank ``dst``: a torch Work."""

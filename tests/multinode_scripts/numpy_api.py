@@ -5,6 +5,7 @@ Prints "rank R numpy ok N" at the end; any failure raises (non-zero exit).
 """
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -58,7 +59,11 @@ assert work.wait() and (x == size * (size + 1) / 2).all()
 y = np.full(3, rank + 1.0)
 sc.reduce(y, dst=1)
 assert (y == (size * (size + 1) / 2 if rank == 1 else rank + 1.0)).all(), y
-sc.barrier()
+if rank == 0:
+    time.sleep(0.3)
+start = time.monotonic()
+sc.barrier()  # holds every rank, on every node, until rank 0 arrives
+assert rank == 0 or time.monotonic() - start >= 0.25, "barrier returned before rank 0 arrived"
 outs = [np.empty(2, np.int32) for _ in range(size)]
 sc.all_to_all(outs, [np.full(2, rank * 10 + q, np.int32) for q in range(size)])
 assert all((o == q * 10 + rank).all() for q, o in enumerate(outs)), outs

@@ -4,6 +4,7 @@ with what differed; ``run_all`` runs them all and returns how many checks passed
 """
 from __future__ import annotations
 
+import time
 import warnings
 
 import torch
@@ -331,9 +332,16 @@ def check_all_to_all(rank, size, c: Counter):
 
 
 def check_barrier(rank, size, c: Counter):
-    """barrier, sync and async."""
+    """barrier, sync and async; a barrier holds every rank until the last one arrives."""
     dist.barrier()
     dist.barrier(async_op=True).wait()
+    if rank == 0:
+        time.sleep(0.3)
+    start = time.monotonic()
+    dist.barrier()
+    waited = time.monotonic() - start
+    assert rank == 0 or waited >= 0.25, f"rank {rank} left the barrier after {waited:.3f} s, " \
+        "before rank 0 arrived"
     c.n += 1
 
 
