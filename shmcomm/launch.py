@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from shmcomm import segments, trust
+from shmcomm.node_link import Failure, NodeLink
 
 __all__ = ["LaunchConfig", "parse_args", "rank_environment", "launch", "main"]
 
@@ -107,7 +108,8 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--master-addr", "--master_addr", dest="master_addr", default="127.0.0.1",
                         metavar="HOST", help="address of node 0 (default: 127.0.0.1)")
     parser.add_argument("--master-port", "--master_port", dest="master_port", type=int,
-                        metavar="PORT", help="port of the job's store on node 0 (needed with --nnodes)")
+                        metavar="PORT", help="port of the job's store on node 0 (needed with "
+                        "--nnodes); the launchers also use PORT+1 to stop every node when one fails")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     return parser
 
@@ -171,6 +173,9 @@ def parse_args(argv: list[str] | None = None) -> LaunchConfig:
     if ns.nnodes > 1 and ns.master_port is None:
         parser.error("--nnodes needs --master-port (and --master-addr: node 0's address), the same "
                      "on every node")
+    if ns.nnodes > 1 and ns.max_restarts:
+        parser.error("--max-restarts works on one node only: a restart on several nodes would have "
+                     "to restart every node together, which shmrun does not do")
     if module is not None:
         if not module:
             parser.error("-m needs a module name")
@@ -339,14 +344,16 @@ class _Outcome:
     failed: _Rank | None = None
     launcher_signal: int | None = None
     stopped: list[int] = field(default_factory=list)  # ranks still running when the job was stopped
+    remote: Failure | None = None  # the failure on another node that stopped this one
 
 
 class _Supervisor:
     """Runs one attempt of the job: spawn, pump output, watch exits, stop, clean up."""
 
     def __init__(self, cfg: LaunchConfig, console: _Console, logs: dict, wakeup_r: int,
-                 pending_signals: list[int], attempt: int) -> None:
-        self.cfg, self.console, self.logs = cfg, console, logs
+                 pending_signals: list[int], attempt: int, link: NodeLink | None = None) -> None:
+        self.cfg, self.console, self.logs, self.link = cfg, console, logs, link
+        self.remote: Failure | None = None
         self.wakeup_r, self.pending = wakeup_r, pending_signals
         self.attempt = attempt
         # one job name on every node (the numpy API meets there under it); one node: unique
@@ -404,6 +411,7 @@ class _Supervisor:
         while any(rk.returncode is None for rk in self.ranks):
             self._pump(_POLL_S)
             self._handle_signals()
+            self._hear_other_nodes()
             if self.console.broken[1] and self.launcher_signal is None and self.kill_at is None:
                 self.launcher_signal = signal.SIGPIPE
                 self.console.say("stdout was closed, stopping every rank")
@@ -421,9 +429,10 @@ class _Supervisor:
                              f"{self.job}: {', '.join(removed)}")
         if code is not None:
             return _Outcome(code)
+        if self.remote is not None:
+            return _Outcome(self.remote.code, None, None, self.stopped, self.remote)
         if self.failed is not None:
-            rc = self.failed.returncode
-            return _Outcome(rc if rc > 0 else 128 - rc, self.failed, self.launcher_signal,
+            return _Outcome(_exit_code(self.failed.returncode), self.failed, self.launcher_signal,
                             self.stopped)
         if self.launcher_signal is not None:
             return _Outcome(128 + self.launcher_signal, None, self.launcher_signal)
@@ -473,6 +482,22 @@ class _Supervisor:
             if rk.returncode != 0 and self.failed is None and self.kill_at is None:
                 self.failed = rk  # the first failure is the one reported; later ones are fallout
                 self.stop(signal.SIGTERM)
+                if self.link is not None:
+                    rank = self.cfg.node_rank * self.cfg.nproc + rk.rank
+                    self.link.report_failure(_exit_code(rk.returncode),
+                                             f"rank {rank} (pid {rk.proc.pid}) on node "
+                                             f"{self.cfg.node_rank} failed with {_how(rk.returncode)}")
+
+    def _hear_other_nodes(self) -> None:
+        """A failure on another node stops this node's ranks too."""
+        if self.link is None or not self.link.news or self.remote is not None:
+            return
+        if self.failed is None and self.kill_at is None:
+            self.remote = self.link.news[0]
+            running = sum(rk.returncode is None for rk in self.ranks)
+            self.console.say(f"node {self.remote.node} failed; stopping this node's {running} "
+                             "running rank(s)")
+            self.stop(signal.SIGTERM)
 
     # -- stopping ----------------------------------------------------------------------------
     def stop(self, signum: int) -> None:
@@ -609,13 +634,29 @@ def _open_logs(cfg: LaunchConfig, console: _Console) -> dict:
     return logs
 
 
-def _summarize(console: _Console, outcome: _Outcome) -> None:
+def _exit_code(returncode: int) -> int:
+    """shmrun's exit code for a rank's: the same, or 128 + signal for a signal."""
+    return returncode if returncode > 0 else 128 - returncode
+
+
+def _how(returncode: int) -> str:
+    return (f"exit code {returncode}" if returncode > 0
+            else f"signal {_signal_name(-returncode)} ({-returncode})")
+
+
+def _summarize(console: _Console, outcome: _Outcome, cfg: LaunchConfig) -> None:
+    if outcome.remote is not None:
+        f = outcome.remote
+        stopped = f": stopped rank(s) {', '.join(map(str, outcome.stopped))}" if outcome.stopped else ""
+        console.say(f"the job failed on node {f.node} ({f.text}){stopped}; exiting with {outcome.code}")
+        return
     rk = outcome.failed
     if rk is None:
         return
-    rc = rk.returncode
-    how = f"exit code {rc}" if rc > 0 else f"signal {_signal_name(-rc)} ({-rc})"
-    console.say(f"rank {rk.rank} (pid {rk.proc.pid}) failed with {how}")
+    who = f"rank {rk.rank}"
+    if cfg.nnodes > 1:  # the global rank the program knows, and this node's local one
+        who = f"rank {cfg.node_rank * cfg.nproc + rk.rank} (local rank {rk.rank})"
+    console.say(f"{who} (pid {rk.proc.pid}) failed with {_how(rk.returncode)}")
     if outcome.stopped:
         console.say(f"stopped the other running rank(s): {', '.join(map(str, outcome.stopped))}")
     if rk.tail:
@@ -646,11 +687,20 @@ def launch(cfg: LaunchConfig) -> int:
     # at once, which also keeps "which rank failed first" accurate.
     old_handlers[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda s, _f: None)
     logs = _open_logs(cfg, console)
+    link = None
+    if cfg.nnodes > 1:
+        link = NodeLink(cfg.nnodes, cfg.node_rank, cfg.master_addr, cfg.master_port + 1,
+                        wake=functools.partial(_wake, wakeup_w))
+        link.start()
     try:
         attempt = 0
         while True:
-            outcome = _Supervisor(cfg, console, logs, wakeup_r, pending, attempt).run()
-            _summarize(console, outcome)
+            outcome = _Supervisor(cfg, console, logs, wakeup_r, pending, attempt, link).run()
+            if link is not None:
+                link.finish(ok=outcome.code == 0)
+                if outcome.code == 0 and link.news:  # a node failed after this one's ranks ended
+                    outcome = _Outcome(link.news[0].code, remote=link.news[0])
+            _summarize(console, outcome, cfg)
             if outcome.code == 0 or outcome.launcher_signal is not None or pending:
                 return outcome.code
             if outcome.failed is None or attempt >= cfg.max_restarts:
@@ -658,6 +708,8 @@ def launch(cfg: LaunchConfig) -> int:
             attempt += 1
             console.say(f"restarting the job (restart {attempt} of {cfg.max_restarts})")
     finally:
+        if link is not None:
+            link.close()
         for f in logs.values():
             f.close()
         for signum, handler in old_handlers.items():
@@ -665,6 +717,13 @@ def launch(cfg: LaunchConfig) -> int:
         signal.set_wakeup_fd(old_wakeup)
         os.close(wakeup_r)
         os.close(wakeup_w)
+
+
+def _wake(fd: int) -> None:
+    try:
+        os.write(fd, b"\0")
+    except (BlockingIOError, OSError):
+        pass  # the pipe is full (a wake-up is pending anyway) or closed (launch ended)
 
 
 def main(argv: list[str] | None = None) -> int:

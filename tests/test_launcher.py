@@ -434,7 +434,9 @@ def test_several_nodes_get_torchruns_environment(capsys):
     assert (env["GROUP_RANK"], env["GROUP_WORLD_SIZE"]) == ("2", "3")
     assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.0.0.1", "29400")
     for bad, message in ((["--nnodes", "2", "true"], "--master-port"),
-                         (["--nnodes", "2", "--node-rank", "2", "--master-port", "1", "true"], "--node-rank")):
+                         (["--nnodes", "2", "--node-rank", "2", "--master-port", "1", "true"], "--node-rank"),
+                         (["--nnodes", "2", "--master-port", "1", "--max-restarts", "1", "true"],
+                          "--max-restarts works on one node only")):
         with pytest.raises(SystemExit):
             parse_args(["-n", "1", *bad])
         assert message in capsys.readouterr().err

@@ -86,6 +86,29 @@ def test_a_node_killed_mid_run_fails_the_others_clearly():
     assert "shm-left=0" in out0, out0[-2000:]
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("fail_rank", [1, 2], ids=["on-node0", "on-node1"])
+def test_shmrun_stops_every_node_when_one_fails(fail_rank):
+    """A rank fails on one node while the others compute without communicating: every node's
+    shmrun stops its ranks at once, names the failure, exits with the rank's code (3), and
+    leaves its /dev/shm empty."""
+    start = time.monotonic()
+    nodes = start_nodes(str(SCRIPTS / "multinode_scripts" / "fail_one.py"), [2, 2], launcher="shmrun",
+                        env={"FAIL_RANK": str(fail_rank)})
+    results = finish(nodes, 100.0)
+    took = time.monotonic() - start
+    failed_node = fail_rank // 2
+    for k, (rc, out) in enumerate(results):
+        assert rc == 3, f"node {k} exited with {rc}:\n{out[-3000:]}"
+        assert "shm-left=0" in out, out[-2000:]
+        if k == failed_node:
+            assert f"rank {fail_rank} (local rank {fail_rank % 2}) (pid" in out, out[-3000:]
+            assert "failed with exit code 3" in out, out[-3000:]
+        else:
+            assert f"the job failed on node {failed_node} (rank {fail_rank} (pid" in out, out[-3000:]
+    assert took < 60, f"the nodes took {took:.0f} s to stop (the healthy ranks sleep 120 s)"
+
+
 def _read_until(p, marker: str, timeout: float) -> str:
     """Lines of ``p``'s output until one holds ``marker`` (or ``timeout`` seconds pass)."""
     import selectors
