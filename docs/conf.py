@@ -60,7 +60,6 @@ autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 autodoc_preserve_defaults = True  # show `op=ReduceOp.SUM`, not the enum's repr
 autodoc_inherit_docstrings = False  # torch's own (pybind) docstrings are not ours to render
-autodoc_default_options = {"show-inheritance": False}
 
 # shmcomm.torch imports torch: where it is missing (a docs-only machine), autodoc mocks it, and
 # the backend's page still renders from shmcomm's own docstrings.
@@ -74,7 +73,7 @@ if importlib.util.find_spec("torch") is None:
 _CYTHON_TYPES = re.compile(r"\b(?:bint|bool|int|double|float|str|object|list|tuple|dict|size_t)\s+(?=\w+\s*(?:=|,|\)|$))")
 
 # Constructors users never call themselves: their signature would only confuse.
-_HIDDEN_SIGNATURES = {"shmcomm.Work", "shmcomm.ProcessGroup", "shmcomm.torch.ShmcommProcessGroup",
+_HIDDEN_SIGNATURES = {"shmcomm.Work", "shmcomm.ProcessGroup", "shmcomm.ReduceOp", "shmcomm.torch.ShmcommProcessGroup",
                       "shmcomm.torch.ShmcommWork"}
 
 

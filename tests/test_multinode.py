@@ -60,6 +60,16 @@ def test_ddp_matches_gloo_across_nodes(per_node):
 
 
 @pytest.mark.timeout(300)
+def test_mesh_dimensions_and_subgroups_across_nodes():
+    """A 2-D DeviceMesh over 2 x 2: the dimension inside a node and new_group([0, 1]) stay pure
+    shared memory, the one across nodes is hierarchical; HSDP on such a mesh matches gloo."""
+    text = run_nodes(str(SCRIPTS / "multinode_scripts" / "mesh.py"), [2, 2])
+    assert text.count("mesh ok") == 4, text[-3000:]
+    text = run_nodes(str(REPO / "examples" / "torch" / "hsdp.py"), [2, 2], "--check")
+    assert "HSDP: shmcomm matches gloo" in text, text[-3000:]
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("per_node,launcher", [([2, 2], "torchrun"), ([1, 1], "shmrun")],
                          ids=["2x2-torchrun", "2x1-shmrun"])
 def test_numpy_api_across_nodes(per_node, launcher):
