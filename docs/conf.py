@@ -22,8 +22,11 @@ DOCS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(DOCS)
 
 # Document this checkout when its compiled core is built in place; otherwise an installed shmcomm.
-if glob.glob(os.path.join(ROOT, "shmcomm", "_core.*.so")) or glob.glob(os.path.join(ROOT, "shmcomm", "_core.so")):
+IN_PLACE = bool(glob.glob(os.path.join(ROOT, "shmcomm", "_core.*.so")) or
+                glob.glob(os.path.join(ROOT, "shmcomm", "_core.so")))
+if IN_PLACE:
     sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(DOCS, "_ext"))  # command_help: the commands' --help at build time
 
 try:
     import shmcomm
@@ -46,7 +49,9 @@ version = ".".join(release.split(".")[:2])
 extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.viewcode",
+    "command_help",  # docs/_ext/command_help.py
 ]
+command_help_pythonpath = ROOT if IN_PLACE else ""
 exclude_patterns = ["_build", "Thumbs.db", ".DS_Store"]
 root_doc = "index"
 language = "en"
