@@ -387,9 +387,6 @@ def new_group(ranks: Sequence[int] | None = None, timeout: float | None = None) 
             sc.all_reduce(x, group=sub)
     """
     parent = default_group()
-    if getattr(parent, "topology", None) is not None:
-        raise ShmcommError("new_group is not available yet on a group across nodes; torch users "
-                           "get sub-groups across nodes from torch.distributed.new_group")
     members = list(range(parent.size)) if ranks is None else sorted(_rank_arg(r, "ranks[i]") for r in ranks)
     if len(set(members)) != len(members) or not members:
         raise ValueError(f"ranks must be distinct and non-empty, got {ranks}")
@@ -399,15 +396,24 @@ def new_group(ranks: Sequence[int] | None = None, timeout: float | None = None) 
     with _lock:
         parent._subgroups += 1
         index = parent._subgroups
-    if parent.rank not in members:
+    if getattr(parent, "topology", None) is not None:  # across nodes (shmcomm.hierarchy)
+        group = parent.subgroup(members, index, float(timeout or parent._comm.timeout))
+    elif parent.rank not in members:
         return None
+    else:
+        group = _one_node_subgroup(parent, members, index, timeout)
+    if group is not None:
+        with _lock:
+            _groups.append(group)
+    return group
+
+
+def _one_node_subgroup(parent: ProcessGroup, members: list[int], index: int,
+                       timeout: float | None) -> ProcessGroup:
     job = parent._comm.job
     comm = _core.Communicator(job, f"g{index}", members.index(parent.rank), len(members),
                               float(timeout or parent._comm.timeout))
-    group = ProcessGroup(comm, members, f"{job}.g{index}")
-    with _lock:
-        _groups.append(group)
-    return group
+    return ProcessGroup(comm, members, f"{job}.g{index}")
 
 
 def destroy_process_group(group: ProcessGroup | None = None) -> None:

@@ -561,6 +561,23 @@ class HierarchicalGroup(ProcessGroup):
         work.wait()
         return work.source_rank()
 
+    def subgroup(self, members: list[int], index: int, timeout: float) -> ProcessGroup | None:
+        """The numpy API's ``new_group(members)`` on this group (every rank calls it; ``index``
+        numbers the group's sub-groups): pure shared memory when every member shares this
+        rank's node, else a hierarchy of its own over the same store. None on non-members."""
+        if self.rank not in members:
+            return None
+        store, key, label, secret, secret_fn = self._meeting
+        nodes = {self.topology.node_of[g] for g in members}
+        if len(nodes) == 1:  # a part of this node's shared memory job, under its secret
+            comm = _core.Communicator(self.node._comm.job, f"g{index}", members.index(self.rank),
+                                      len(members), timeout, secret=secret)
+            return ProcessGroup(comm, members, f"{self.node._comm.job}.g{index}")
+        sub = build(store, members.index(self.rank), len(members), timeout, f"{key}/g{index}",
+                    f"{label}.g{index}", secret_fn)
+        sub._global_ranks = list(members)
+        return sub
+
     def empty(self, shape, dtype=float):
         """A numpy array in this node's shared memory (collective over this node's ranks)."""
         return self.node.empty(shape, dtype)
@@ -620,7 +637,9 @@ def build(store, rank: int, size: int, timeout: float, key: str, label: str, sec
         node.destroy()
         raise
     hcomm = HierarchicalComm(topology, rank, comm, rail, world)
-    return HierarchicalGroup(hcomm, node, f"{label}.h")
+    group = HierarchicalGroup(hcomm, node, f"{label}.h")
+    group._meeting = (store, key, label, secret, secret_fn)  # for sub-groups (new_group)
+    return group
 
 
 def init_multinode(rank: int, size: int, job: str, timeout: float) -> HierarchicalGroup:

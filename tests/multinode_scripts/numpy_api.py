@@ -79,5 +79,25 @@ objs = [None] * size
 sc.all_gather_object(objs, {"rank": rank})
 assert objs == [{"rank": r} for r in range(size)]
 checked += 8
+# sub-groups: one across nodes (hierarchical or, one rank per node, gloo), one inside a node
+# (pure shared memory), group ranks as in MPI
+across = sc.new_group([0, size - 1])
+within = sc.new_group([0, 1]) if len(pg.topology.nodes[0]) > 1 else None
+if rank in (0, size - 1):
+    x = np.full(3, rank + 1.0)
+    sc.all_reduce(x, group=across)
+    assert (x == size + 1.0).all(), x
+    b = np.full(2, float(rank))
+    sc.broadcast(b, src=1, group=across)  # group rank 1 is rank size - 1
+    assert (b == size - 1.0).all(), b
+else:
+    assert across is None
+if within is not None and rank in (0, 1):
+    assert getattr(within, "topology", None) is None, "a sub-group inside one node left shared memory"
+    y = np.full(4, rank + 1.0)
+    sc.all_reduce(y, group=within)
+    assert (y == 3.0).all(), y
+    checked += 1
+checked += 2
 print(f"rank {rank} numpy ok {checked} on {len(pg.topology.nodes)} nodes", flush=True)
 sc.destroy_process_group()
