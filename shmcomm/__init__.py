@@ -22,6 +22,8 @@ from shmcomm.errors import (  # noqa: F401
 )
 from shmcomm.trust import ensure_inherited_secret
 
+__version__ = "0.1.0"  # the one place of the version (pyproject.toml reads it)
+
 # Processes this one starts (multiprocessing, subprocess) inherit the secret and so can prove
 # they belong to one job; see shmcomm.trust.
 ensure_inherited_secret()
@@ -46,6 +48,7 @@ if _CORE_ERROR is None:
         is_initialized,
         new_group,
     )
+    from shmcomm.spawn import spawn  # noqa: F401
     from shmcomm.collectives import *  # noqa: F401,F403
     from shmcomm.collectives import __all__ as _collectives_all
 else:
@@ -56,11 +59,10 @@ else:
                           f"import ({_CORE_ERROR}); reinstall shmcomm for this Python and numpy "
                           f"(pip install --force-reinstall shmcomm)") from _CORE_ERROR
 
-__version__ = "0.1.0"
 
 __all__ = [
     "AbortedError", "CollectiveMismatchError", "CommTimeoutError", "InvalidStateError",
     "PeerFailureError", "ShmcommError", "UntrustedFileError", "Future", "collect_all", "wait_all", "ReduceOp", "Work",
     "ProcessGroup", "destroy_process_group", "get_rank", "get_world_size", "init_process_group",
-    "is_initialized", "new_group", *_collectives_all,
+    "is_initialized", "new_group", "spawn", *_collectives_all,
 ]

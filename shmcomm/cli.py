@@ -21,7 +21,7 @@ import resource
 import sys
 import time
 
-from shmcomm import segments
+from shmcomm import __version__, segments
 
 __all__ = ["main", "segment_state", "segment_users", "info_lines"]
 
@@ -36,15 +36,6 @@ def _human(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} B"  # unreachable; keeps type checkers content
-
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-        return version("shmcomm")
-    except Exception:  # a checkout that is not installed
-        import shmcomm
-        return getattr(shmcomm, "__version__", "unknown")
 
 
 # -- segment liveness ------------------------------------------------------------------------
@@ -207,8 +198,8 @@ def info_lines() -> list[tuple[str, str]]:
 
         dict(info_lines())["version"]  # '0.1.0'
     """
-    lines = [("version", _version()),
-             ("python", f"{platform.python_version()} ({sys.executable})"),
+    lines = [("version", __version__),
+             ("python", f"{platform.python__version__} ({sys.executable})"),
              ("platform", f"{platform.system()} {platform.release()} {platform.machine()}")]
     lines += _build_lines()
     lines.append(("simd", " ".join(_cpu_features()) or "none detected"))
@@ -303,7 +294,7 @@ def _cmd_clean(args: argparse.Namespace) -> int:
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shmcomm", description="shmcomm maintenance commands.")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("info", help="version, build, SIMD, cores, limits, /dev/shm space")
     p.set_defaults(func=_cmd_info)

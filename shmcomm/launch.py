@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from shmcomm import segments, trust
+from shmcomm import __version__, segments, trust
 from shmcomm.node_link import Failure, NodeLink
 
 __all__ = ["LaunchConfig", "parse_args", "rank_environment", "launch", "main"]
@@ -77,6 +77,7 @@ class LaunchConfig:
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int | None = None  # None: a free port (one node only)
+    summary: bool = True            # False: the caller (sc.spawn) reports a failure itself
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -110,17 +111,8 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--master-port", "--master_port", dest="master_port", type=int,
                         metavar="PORT", help="port of the job's store on node 0 (needed with "
                         "--nnodes); the launchers also use PORT+1 to stop every node when one fails")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser
-
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-        return version("shmcomm")
-    except Exception:  # an uninstalled checkout still has a version to show
-        import shmcomm
-        return getattr(shmcomm, "__version__", "unknown")
 
 
 def _split_argv(argv: list[str]) -> tuple[list[str], str | None, list[str]]:
@@ -280,8 +272,12 @@ class _Console:
         out = sys.stdout if fd == 1 else sys.stderr
         try:
             out.flush()
-            out.buffer.write(data)
-            out.buffer.flush()
+            if hasattr(out, "buffer"):
+                out.buffer.write(data)
+                out.buffer.flush()
+            else:  # a text-only stream: a notebook's cell output (sc.spawn)
+                out.write(data.decode(errors="replace"))
+                out.flush()
         except BrokenPipeError:
             # e.g. `shmrun ... | head`: the supervisor stops the job, as SIGPIPE would stop a
             # program writing there directly. Later writes (and Python's flush at exit) go to
@@ -674,6 +670,16 @@ def launch(cfg: LaunchConfig) -> int:
 
         code = launch(parse_args(["-n", "2", "worker.py"]))
     """
+    return run_job(cfg).code
+
+
+def run_job(cfg: LaunchConfig) -> _Outcome:
+    """``launch``, returning the whole outcome: the exit code, the failed rank (its ``rank``
+    and ``returncode``) and the signal that stopped the launcher, if any. Example::
+
+        outcome = run_job(parse_args(["-n", "2", "worker.py"]))
+        if outcome.failed is not None: print(outcome.failed.rank)
+    """
     console = _Console()
     pending: list[int] = []
     wakeup_r, wakeup_w = os.pipe()
@@ -700,11 +706,12 @@ def launch(cfg: LaunchConfig) -> int:
                 link.finish(ok=outcome.code == 0)
                 if outcome.code == 0 and link.news:  # a node failed after this one's ranks ended
                     outcome = _Outcome(link.news[0].code, remote=link.news[0])
-            _summarize(console, outcome, cfg)
+            if cfg.summary:
+                _summarize(console, outcome, cfg)
             if outcome.code == 0 or outcome.launcher_signal is not None or pending:
-                return outcome.code
+                return outcome
             if outcome.failed is None or attempt >= cfg.max_restarts:
-                return outcome.code
+                return outcome
             attempt += 1
             console.say(f"restarting the job (restart {attempt} of {cfg.max_restarts})")
     finally:

@@ -1,0 +1,129 @@
+"""``sc.spawn``: start ranks from plain Python or a notebook and get their return values.
+
+The ranks are started, watched and cleaned up by the launcher's own code (``shmcomm.launch``,
+what ``shmrun`` runs): output lines prefixed with ``[rank]``, the others stopped when one fails,
+Ctrl-C forwarded, nothing left in ``/dev/shm``. The function and its arguments travel by value
+(cloudpickle), so functions defined in ``__main__`` (a notebook cell, ``python -c``, a script)
+work although every rank is a fresh interpreter (the spawn start method, never fork).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import tempfile
+import threading
+from typing import Any, Callable
+
+from shmcomm.errors import ShmcommError
+
+__all__ = ["spawn", "RemoteTraceback"]
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised on a rank; ``spawn`` chains it (``raise exc from
+    RemoteTraceback(text)``), so Python prints it above the re-raised exception. Example::
+
+        try:
+            sc.spawn(work, 2)
+        except ValueError as e:
+            print(e.__cause__)      # the rank's traceback, as the rank printed it
+    """
+
+    def __init__(self, rank: int, text: str) -> None:
+        super().__init__(text)
+        self.rank, self.text = rank, text
+
+    def __str__(self) -> str:
+        return f"\n\nRank {self.rank} raised:\n\n{self.text}"
+
+
+def spawn(fn: Callable[..., Any], nprocs: int, args: tuple = (), timeout: float | None = None) -> list:
+    """Run ``fn(rank, nprocs, *args)`` on ``nprocs`` new processes joined in one default group
+    and return their return values in rank order.
+
+    Each rank calls ``sc.init_process_group()`` (with ``timeout``, else the default) before
+    ``fn`` and ``sc.destroy_process_group()`` after it, so ``fn`` uses the collectives at once.
+
+    Args:
+        fn: a function of ``(rank, nprocs, *args)``; defined anywhere, a notebook included.
+        nprocs: how many ranks, at least 1.
+        args: more arguments for ``fn`` (picklable by cloudpickle).
+        timeout: seconds before a blocked collective raises ``CommTimeoutError``.
+
+    Returns:
+        ``[fn's return value on rank 0, on rank 1, ...]``.
+
+    Raises:
+        The exception a failing rank raised (the first rank to fail), chained from a
+        ``RemoteTraceback`` holding the rank's traceback; ``ShmcommError`` when a rank died
+        without a Python exception (a signal, ``os._exit``) or returned an unpicklable value;
+        ``KeyboardInterrupt`` on Ctrl-C (every rank is stopped first).
+
+    Example::
+
+        def work(rank, n):
+            x = np.ones(3) * (rank + 1)
+            sc.all_reduce(x)
+            return float(x[0])
+
+        sc.spawn(work, 3)     # [6.0, 6.0, 6.0]
+    """
+    import cloudpickle
+
+    from shmcomm import launch
+
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
+        raise ValueError(f"nprocs must be an integer >= 1, got {nprocs!r}")
+    if not isinstance(args, tuple):
+        raise TypeError(f"args must be a tuple, got {type(args).__name__}")
+    if threading.current_thread() is not threading.main_thread():
+        raise ShmcommError("sc.spawn must run in the main thread: it forwards Ctrl-C and SIGTERM "
+                           "to the ranks through signal handlers")
+    with tempfile.TemporaryDirectory(prefix="shmcomm-spawn-") as workdir:  # mode 0700
+        try:
+            call = cloudpickle.dumps((fn, args, timeout))
+        except Exception as exc:
+            raise TypeError(f"fn and args must be picklable to reach the ranks: {exc}") from exc
+        with open(os.path.join(workdir, "call.pkl"), "wb") as f:
+            f.write(call)
+        cfg = launch.LaunchConfig(nproc=nprocs, summary=False,
+                                  command=[sys.executable, "-m", "shmcomm._spawn_rank", workdir])
+        outcome = launch.run_job(cfg)
+        if outcome.launcher_signal is not None:
+            raise KeyboardInterrupt(f"sc.spawn: stopped every rank on "
+                                    f"{launch._signal_name(outcome.launcher_signal)}")
+        if outcome.code != 0:
+            failed = outcome.failed.rank if outcome.failed is not None else None
+            _raise_failure(workdir, failed, outcome.failed)
+        return [_result(workdir, r)[1] for r in range(nprocs)]
+
+
+def _result(workdir: str, rank: int):
+    """What rank ``rank`` left: ("ok", value), ("error", exception or None, traceback text), or
+    None when it left nothing (it died first)."""
+    try:
+        with open(os.path.join(workdir, f"rank{rank}.pkl"), "rb") as f:
+            return pickle.load(f)
+    except FileNotFoundError:
+        return None
+    except Exception as exc:  # noqa: BLE001 - e.g. a class the caller cannot import
+        return ("error", None, f"its result could not be unpickled here: {exc!r}")
+
+
+def _raise_failure(workdir: str, rank: int | None, failed) -> None:
+    from shmcomm import launch
+
+    left = _result(workdir, rank) if rank is not None else None
+    if left is not None and left[0] == "error":
+        _, exc, text = left
+        if isinstance(exc, BaseException):
+            raise exc from RemoteTraceback(rank, text)
+        raise ShmcommError(f"rank {rank} failed:\n{text}")
+    if failed is None:
+        raise ShmcommError("the ranks could not be started; see the message above")
+    raise ShmcommError(f"rank {rank} failed with {launch._how(failed.returncode)} without a Python exception "
+                       "(killed by a signal, or os._exit); see its output above")
