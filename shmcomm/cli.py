@@ -199,7 +199,7 @@ def info_lines() -> list[tuple[str, str]]:
         dict(info_lines())["version"]  # '0.1.0'
     """
     lines = [("version", __version__),
-             ("python", f"{platform.python__version__} ({sys.executable})"),
+             ("python", f"{platform.python_version()} ({sys.executable})"),
              ("platform", f"{platform.system()} {platform.release()} {platform.machine()}")]
     lines += _build_lines()
     lines.append(("simd", " ".join(_cpu_features()) or "none detected"))
