@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from shmcomm.launch import free_port  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -30,18 +32,12 @@ def refusal() -> str | None:
     return None if probe.returncode == 0 else f"unshare refused: {probe.stderr.strip()[:200]}"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_nodes(script: str, per_node: list[int], *args: str, env: dict | None = None,
                 launcher: str = "torchrun") -> list:
     """Start one node per entry of ``per_node`` (its rank count), each running ``torchrun
     script args`` (``launcher="shmrun"``: shmrun with the same flags); each prints
     ``shm-left=N`` (files left in its /dev/shm) after its job."""
-    port = _free_port()
+    port = free_port()
     environ = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
                    SHMCOMM_TIMEOUT="60", **(env or {}))
     nodes = []

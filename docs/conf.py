@@ -48,6 +48,7 @@ version = ".".join(release.split(".")[:2])
 # Only extensions that ship with Sphinx (see docs/requirements.txt).
 extensions = [
     "sphinx.ext.autodoc",
+    "sphinx.ext.napoleon",  # Google-style sections (Args:, Returns:, Raises:) where a docstring has them
     "sphinx.ext.viewcode",
     "command_help",  # docs/_ext/command_help.py
 ]
@@ -59,6 +60,10 @@ default_role = "code"      # `x` renders as code, never as an unresolved cross-r
 primary_domain = "py"
 highlight_language = "python3"
 pygments_style = "sphinx"
+
+napoleon_google_docstring = True
+napoleon_numpy_docstring = False
+napoleon_use_rtype = False
 
 # ---- autodoc -----------------------------------------------------------------------------------
 autodoc_member_order = "bysource"

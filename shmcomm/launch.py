@@ -199,8 +199,12 @@ def _resolve_program(parser: argparse.ArgumentParser, program: list[str]) -> lis
     return [target, *args]
 
 
-def _free_port() -> int:
-    # The port is released before rank 0 binds it; the window is tiny and torchrun does the same.
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for MASTER_PORT). It is released before rank 0 binds
+    it; the window is tiny and torchrun does the same. Example::
+
+        env["MASTER_PORT"] = str(free_port())
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -210,11 +214,24 @@ def _new_job_name() -> str:
     return f"{PROG}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
-def _usable_cores() -> list[int]:
+def usable_cores() -> list[int]:
+    """The CPU cores this process may run on (its affinity mask). Example::
+
+        len(usable_cores())     # 2 on a 2-core machine
+    """
     try:
         return sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return list(range(os.cpu_count() or 1))
+
+
+def threads_per_rank(nranks: int, bind_to: str = "none") -> int:
+    """``OMP_NUM_THREADS`` for ``nranks`` ranks sharing this process's cores: a rank pinned to
+    one core gains nothing from more threads than that core. Example::
+
+        env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(4)))
+    """
+    return 1 if bind_to == "core" else max(1, len(usable_cores()) // nranks)
 
 
 def rank_environment(cfg: LaunchConfig, rank: int, job: str, port: int, attempt: int = 0,
@@ -246,9 +263,7 @@ def rank_environment(cfg: LaunchConfig, rank: int, job: str, port: int, attempt:
         env[trust.SECRET_ENV] = secret
     env.pop("TORCHELASTIC_ERROR_FILE", None)  # an outer launcher's file, not ours
     if "OMP_NUM_THREADS" not in env:
-        # A rank pinned to one core gains nothing from more threads than that core.
-        per_rank = 1 if cfg.bind_to == "core" else len(_usable_cores()) // n
-        env["OMP_NUM_THREADS"] = str(max(1, per_rank))
+        env["OMP_NUM_THREADS"] = str(threads_per_rank(n, cfg.bind_to))
     env.setdefault("PYTHONUNBUFFERED", "1")  # otherwise Python ranks' output arrives in bursts
     return env
 
@@ -367,8 +382,8 @@ class _Supervisor:
     # -- start -------------------------------------------------------------------------------
     def spawn(self) -> int | None:
         """Start every rank; returns an exit code when one could not even be started."""
-        port = self.cfg.master_port or _free_port()
-        cores = _usable_cores()
+        port = self.cfg.master_port or free_port()
+        cores = usable_cores()
         self.sel.register(self.wakeup_r, selectors.EVENT_READ, None)
         for r in range(self.cfg.nproc):
             env = rank_environment(self.cfg, r, self.job, port, self.attempt, secret=self.secret)

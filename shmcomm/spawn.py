@@ -56,10 +56,11 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: tuple = (), timeout: float 
         ``[fn's return value on rank 0, on rank 1, ...]``.
 
     Raises:
-        The exception a failing rank raised (the first rank to fail), chained from a
-        ``RemoteTraceback`` holding the rank's traceback; ``ShmcommError`` when a rank died
-        without a Python exception (a signal, ``os._exit``) or returned an unpicklable value;
-        ``KeyboardInterrupt`` on Ctrl-C (every rank is stopped first).
+        Exception: the exception a failing rank raised (the first rank to fail), chained from a
+            ``RemoteTraceback`` holding the rank's traceback.
+        ShmcommError: a rank died without a Python exception (a signal, ``os._exit``) or
+            returned an unpicklable value.
+        KeyboardInterrupt: on Ctrl-C (every rank is stopped first).
 
     Example::
 

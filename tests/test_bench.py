@@ -233,7 +233,7 @@ def test_progress_lines_on_stderr(capsys):
 @pytest.mark.timeout(120)
 def test_missing_peers_are_reported_as_skipped(capsys, tmp_path, monkeypatch):
     real = bench.backend_available
-    monkeypatch.setattr(bench.launch, "backend_available",
+    monkeypatch.setattr(bench.runner, "backend_available",
                         lambda name: (False, "torch is not installed") if name == "gloo" else real(name))
     monkeypatch.setenv("SHMCOMM_BENCH_UNAVAILABLE", "mpi")
     js = tmp_path / "s.json"
@@ -354,7 +354,7 @@ def test_a_silent_worker_is_stopped_after_the_timeout(tmp_path):
     log.write_text("still thinking\n")
     quiet = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.PIPE)
     res = bench.BackendResult("shmcomm", "failed")
-    run = bench.launch._Running(res, [quiet], [str(log)], None, None, timeout=0.5)
+    run = bench.runner._Running(res, [quiet], [str(log)], None, None, timeout=0.5)
     try:
         assert run.next("row") is None and not run.live
         assert "no progress for 0.5 s" in res.reason and "still thinking" in res.reason

@@ -38,7 +38,7 @@ factors), ``verify`` (``--check`` patterns and references), ``workers`` (one cla
 
 from .cli import build_parser, main, parse_args, run
 from .common import BACKENDS, COLLECTIVES, BenchError
-from .launch import BackendResult, backend_available, run_backend, run_backends
+from .runner import BackendResult, backend_available, run_backend, run_backends
 from .report import format_ratios, format_table, write_csv, write_json, write_plot
 from .sizes import busbw_factor, collective_sizes, format_size, parse_size, sweep_sizes
 

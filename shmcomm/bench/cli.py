@@ -15,7 +15,8 @@ import traceback
 
 from .common import (BACKENDS, COLLECTIVES, EXIT_USAGE, PROG, _DTYPES, _OP_ALIASES, _OPS, BenchError,
                      _is_float, _numpy_dtype)
-from .launch import _cores, run_backends
+from .runner import run_backends
+from shmcomm.launch import usable_cores
 from .measure import _worker_main
 from .report import (_header, _import_pyplot, _Progress, _records, format_ratios, format_table, write_csv,
                      write_json, write_plot)
@@ -215,7 +216,7 @@ def run(args: argparse.Namespace, out=None) -> int:
             if any(r["backend"] == "shmcomm" for r in mine):
                 print(f"# {dtname}\n" + format_ratios(mine, collectives, peers), file=out)
     cfg = _config(args, collectives)
-    meta = {"tool": PROG, "argv": getattr(args, "argv", None), "nranks": args.nranks, "cores": _cores(),
+    meta = {"tool": PROG, "argv": getattr(args, "argv", None), "nranks": args.nranks, "cores": len(usable_cores()),
             "collectives": collectives, "sizes": cfg["sizes"],
             "dtype": dtypes[0] if len(dtypes) == 1 else dtypes, "op": args.op,
             "iters": args.iters, "warmup": args.warmup, "target_time": args.target_time,
@@ -229,7 +230,7 @@ def run(args: argparse.Namespace, out=None) -> int:
         write_csv(args.csv, records)
     if args.plot:
         try:
-            title = f"{args.nranks} ranks, {', '.join(dtypes)}, {_cores()} cores"
+            title = f"{args.nranks} ranks, {', '.join(dtypes)}, {len(usable_cores())} cores"
             write_plot(args.plot, records, collectives, title)
         except BenchError as exc:
             print(f"{PROG}: {exc}", file=sys.stderr)
@@ -283,7 +284,7 @@ def _sweep(args: argparse.Namespace, collectives: list[str], out):
     if load_before is not None and load_after is not None:
         # Other work on the machine moves every number; say how busy it was.
         print(f"#\n# load average (1 min) before: {load_before:.2f}, after: {load_after:.2f} "
-              f"on {_cores()} cores", file=out)
+              f"on {len(usable_cores())} cores", file=out)
     peers = [res.backend for res in ran if res.backend != "shmcomm"]
     if peers and any(res.backend == "shmcomm" for res in ran):
         print("#\n" + format_ratios(records, collectives, peers), file=out)

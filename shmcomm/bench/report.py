@@ -11,7 +11,8 @@ import sys
 import time
 
 from .common import BACKENDS, PROG, VARIANTS, _REDUCING, _ROOTED, BenchError, _numpy_dtype
-from .launch import BackendResult, _cores
+from .runner import BackendResult
+from shmcomm.launch import usable_cores
 from .sizes import busbw_factor, format_size
 
 
@@ -103,7 +104,7 @@ def _header(res: BackendResult, args, collective: str) -> str:
     if args.rounds > 1:
         iters += f", best of {args.rounds} rounds"
     return (f"# {PROG} {collective} | backend {res.backend} ({version}{mode}) | {args.nranks} ranks on "
-            f"{_cores()} cores | {iters}, check {'on' if args.check else 'off'}")
+            f"{len(usable_cores())} cores | {iters}, check {'on' if args.check else 'off'}")
 
 
 def format_table(records: list[dict], backend: str, collective: str) -> str:

@@ -8,7 +8,7 @@ import os
 import numpy as np
 
 from .common import _OPS
-from .launch import _mpirun
+from .runner import _mpirun
 
 
 class _Worker:

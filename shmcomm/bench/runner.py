@@ -10,13 +10,14 @@ import json
 import os
 import selectors
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
+
+from shmcomm.launch import free_port, threads_per_rank, usable_cores
 
 from .common import _MARK
 from .turns import Gates
@@ -78,26 +79,13 @@ class BackendResult:
     warnings: list = field(default_factory=list)
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker_env(nranks: int) -> dict:
     env = dict(os.environ)
     # The workers must import this very shmcomm, even from a source tree that is not installed.
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     # As shmrun does: N ranks share the cores, so library thread pools must not oversubscribe them.
-    env.setdefault("OMP_NUM_THREADS", str(max(1, _cores() // nranks)))
+    env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(nranks)))
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -122,7 +110,7 @@ def _launch(backend: str, nranks: int, cfg: dict, logdir: str, mpi_args: list[st
     if backend == "mpi":
         launcher = [_mpirun(), "-n", str(nranks)]
         if _is_open_mpi(launcher[0]):  # these flags are Open MPI's; MPICH's hydra allows both anyway
-            if nranks > _cores():
+            if nranks > len(usable_cores()):
                 launcher.append("--oversubscribe")
             if hasattr(os, "geteuid") and os.geteuid() == 0:
                 launcher.append("--allow-run-as-root")
@@ -138,7 +126,7 @@ def _launch(backend: str, nranks: int, cfg: dict, logdir: str, mpi_args: list[st
             job = f"bench-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             per_rank["SHMCOMM_JOB"] = job
         else:
-            per_rank.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+            per_rank.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
             env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one machine: never pick an outside interface
         groups = []
         for r in range(nranks):
