@@ -21,16 +21,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import statistics
 import sys
-import tempfile
 import time
-import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))  # measure this checkout, whatever copy is installed
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, REPO)  # measure this checkout, whatever copy is installed
 
 SIZES = (8, 64 << 10)
 TORCH_BYTES = 8 << 10
@@ -62,7 +60,7 @@ def _numpy_cases(np, sc, nbytes: int):
     }
 
 
-def _torch_cases(rank: int, size: int, store: str):
+def _torch_cases():
     import torch
     import torch.distributed as dist
     import torch.distributed._functional_collectives as fc
@@ -70,7 +68,7 @@ def _torch_cases(rank: int, size: int, store: str):
     import shmcomm.torch  # noqa: F401 - registers the backend
 
     torch.set_num_threads(1)
-    dist.init_process_group("shmcomm", init_method=f"file://{store}", rank=rank, world_size=size)
+    dist.init_process_group("shmcomm")  # env://: RANK, WORLD_SIZE, MASTER_* from the launcher
     t = torch.ones(TORCH_BYTES // 4)
     group = dist.group.WORLD
     return {
@@ -114,29 +112,29 @@ def _overlap(np, sc, nbytes: int, rounds: int) -> dict:
             "hidden_fraction": hidden}
 
 
-def _worker(rank: int, size: int, job: str, rounds: int, iters: int, torch_store: str | None,
-            overlap_bytes: int, conn) -> None:
+def _worker(rank: int, size: int, rounds: int, iters: int, use_torch: bool,
+            overlap_bytes: int) -> tuple:
+    """One rank (started by sc.spawn, already in the default group): ({case: seconds per op, one
+    per counted round}, the overlap figures or None)."""
     import numpy as np
 
     import shmcomm as sc
 
-    sc.init_process_group(rank=rank, world_size=size, name=job, timeout=120.0)
     cases = {}
     for nbytes in SIZES:
         cases.update(_numpy_cases(np, sc, nbytes))
-    if torch_store:
-        cases.update(_torch_cases(rank, size, torch_store))
+    if use_torch:
+        cases.update(_torch_cases())
     times = {name: [] for name in cases}
     for round_ in range(rounds + 1):  # round 0 warms up and is dropped
         for name, (call, ops) in cases.items():
             times[name].append(_loop_time(call, iters) / ops)
     overlap = _overlap(np, sc, overlap_bytes, max(3, rounds)) if overlap_bytes else None
-    if torch_store:
+    if use_torch:
         import torch.distributed as dist
 
         dist.destroy_process_group()
-    sc.destroy_process_group()
-    conn.send(({name: t[1:] for name, t in times.items()}, overlap))
+    return {name: t[1:] for name, t in times.items()}, overlap
 
 
 def _have_torch() -> bool:
@@ -148,6 +146,7 @@ def _have_torch() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import shmcomm as sc
     from shmcomm.bench.sizes import parse_size
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -159,23 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-torch", action="store_true", help="skip the torch cases")
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)
-    ctx = mp.get_context("spawn")
-    job = f"bench-async-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    tmp = tempfile.mkdtemp(prefix="shmcomm-bench-async-")
-    store = None if args.no_torch or not _have_torch() else os.path.join(tmp, "store")
-    env_threads = os.environ.setdefault("OMP_NUM_THREADS", "1")
-    pipes, procs = [], []
-    for rank in range(args.nranks):
-        parent, child = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_worker, args=(rank, args.nranks, job, args.rounds, args.iters, store,
-                                                 args.overlap_size, child))
-        proc.start()
-        child.close()
-        pipes.append(parent)
-        procs.append(proc)
-    results = [pipe.recv() for pipe in pipes]
-    for proc in procs:
-        proc.join()
+    use_torch = not args.no_torch and _have_torch()
+    env_threads = os.environ.setdefault("OMP_NUM_THREADS", "1")  # the ranks inherit it
+    # The ranks import shmcomm afresh: make it this checkout's too.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
+    results = sc.spawn(_worker, args.nranks, args=(args.rounds, args.iters, use_torch, args.overlap_size),
+                       timeout=120.0)
     times, overlap = results[0]
     rows = []
     print(f"# bench_async: {args.nranks} ranks, {args.rounds} rounds x {args.iters} calls, rank 0, "

@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import shutil
 import subprocess
 import sys
 import time
-import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))  # measure this checkout, whatever copy is installed
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, REPO)  # measure this checkout, whatever copy is installed
 
 
 def _blocked_call(rank: int, late: float, all_reduce, barrier) -> dict | None:
@@ -38,25 +37,18 @@ def _blocked_call(rank: int, late: float, all_reduce, barrier) -> dict | None:
     return {"cpu_s": cpu, "wall_s": wall, "core_percent": 100 * cpu / wall} if rank == 0 else None
 
 
-def _shmcomm_rank(rank: int, job: str, late: float, conn) -> None:
+def _shmcomm_rank(rank: int, size: int, late: float) -> dict | None:
     import shmcomm as sc
 
-    sc.init_process_group(rank=rank, world_size=2, name=job, timeout=late + 60)
-    conn.send(_blocked_call(rank, late, sc.all_reduce, sc.barrier))
-    sc.destroy_process_group()
+    return _blocked_call(rank, late, sc.all_reduce, sc.barrier)
 
 
 def run_shmcomm(late: float) -> dict:
-    ctx = mp.get_context("spawn")
-    job = f"blocked-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    pipes = [ctx.Pipe() for _ in range(2)]
-    procs = [ctx.Process(target=_shmcomm_rank, args=(r, job, late, pipes[r][1])) for r in range(2)]
-    for p in procs:
-        p.start()
-    result = pipes[0][0].recv()
-    for p in procs:
-        p.join(30)
-    return result
+    import shmcomm as sc
+
+    # The ranks import shmcomm afresh: make it this checkout's too.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
+    return sc.spawn(_shmcomm_rank, 2, args=(late,), timeout=late + 60)[0]
 
 
 def _mpi_rank(late: float) -> None:

@@ -19,25 +19,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import statistics
 import sys
 import time
-import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))  # measure this checkout, whatever copy is installed
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, REPO)  # measure this checkout, whatever copy is installed
 
 CASES = ("copyto", "numpy", "sc.empty")
 
 
-def _worker(rank: int, size: int, job: str, nbytes: int, rounds: int, iters: int, conn) -> None:
+def _worker(rank: int, size: int, nbytes: int, rounds: int, iters: int) -> tuple:
+    """One rank (started by sc.spawn, already in the default group): ({case: mean seconds per
+    call, one per counted round}, whether the sums were right)."""
     import numpy as np
 
     import shmcomm as sc
 
-    sc.init_process_group(rank=rank, world_size=size, name=job, timeout=120.0)
     count = nbytes // 4
     private = np.ones(count, np.float32)
     shared = sc.empty(count, np.float32)
@@ -61,12 +61,12 @@ def _worker(rank: int, size: int, job: str, nbytes: int, rounds: int, iters: int
         timed("sc.empty", lambda: sc.all_reduce(shared), shared)
     expected = float(sum(((iters - 1) % 4 + 1) for _ in range(size)))
     ok = bool(private[0] == expected and private[-1] == expected and shared[count // 2] == expected)
-    del shared
-    sc.destroy_process_group()
-    conn.send(({case: t[1:] for case, t in times.items()}, ok))
+    del shared  # before sc.spawn leaves the group
+    return {case: t[1:] for case, t in times.items()}, ok
 
 
 def main(argv: list[str] | None = None) -> int:
+    import shmcomm as sc
     from shmcomm.bench.sizes import parse_size  # the size syntax of shmcomm-bench (32M, 1K, ...)
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -76,19 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=10, help="calls per case and round")
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)
-    ctx = mp.get_context("spawn")
-    job = f"copyfloor-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    pipes, procs = [], []
-    for r in range(args.nranks):
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_worker,
-                           args=(r, args.nranks, job, args.size, args.rounds, args.iters, child))
-        proc.start()
-        pipes.append(parent)
-        procs.append(proc)
-    results = [pipe.recv() for pipe in pipes]
-    for proc in procs:
-        proc.join(30)
+    # The ranks import shmcomm afresh: make it this checkout's too.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
+    results = sc.spawn(_worker, args.nranks, args=(args.size, args.rounds, args.iters), timeout=120.0)
     if not all(ok for _, ok in results):
         print("wrong all_reduce result", file=sys.stderr)
         return 1

@@ -1,6 +1,6 @@
 """RPC latency and throughput: shmcomm.rpc against torch.distributed.rpc (TensorPipe) on one machine.
 
-Two worker processes per backend; worker0 calls worker1. Cases:
+Two worker processes per backend (started by ``sc.spawn``); worker0 calls worker1. Cases:
 
 * ``sync_small``   rpc_sync of a small call (operator.add of two ints), per call
 * ``sync_1MiB``    rpc_sync with a 1 MiB float32 tensor argument (returns its element count)
@@ -19,16 +19,16 @@ load from other processes on a shared machine does not decide the result::
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
-import multiprocessing as mp
 import operator
 import os
-import socket
 import statistics
 import sys
 import time
-import uuid
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODULE = os.path.splitext(os.path.basename(__file__))[0]
 CASES = ("sync_small", "sync_1MiB", "async_pipe")
 GOALS = {"sync_small": 0.05, "sync_1MiB": 0.2, "async_pipe": 0.1}   # shmcomm / torch
 
@@ -43,8 +43,8 @@ def _calls(case: str, args) -> int:
             "async_pipe": args.calls * 2}[case]
 
 
-def _round(rpc, wait_all, case: str, n: int, tensor) -> float:
-    """Run ``n`` calls of ``case``; microseconds per call."""
+def _round(rpc, wait_all, numel, case: str, n: int, tensor) -> float:
+    """Run ``n`` calls of ``case`` (``numel``: the callee of sync_1MiB); microseconds per call."""
     t0 = time.perf_counter()
     if case == "sync_small":
         for _ in range(n):
@@ -57,89 +57,40 @@ def _round(rpc, wait_all, case: str, n: int, tensor) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
-def _worker(backend: str, rank: int, job: str, port: int, conn) -> None:
+def _phase(rank: int, size: int, backend: str, plan: list, rounds: int) -> dict | None:
+    """One worker of one phase (started by sc.spawn): join ``backend``'s RPC group; worker0 runs,
+    for each ``(case, calls)`` of ``plan``, one warm-up round and ``rounds`` counted rounds and
+    returns {case: [microseconds per call, one per counted round]}; worker1 serves (None)."""
     import torch
 
     torch.set_num_threads(1)
-    try:
-        if backend == "shmcomm":
-            import shmcomm as sc
-            from shmcomm import rpc
+    # Both RPC backends pickle a function by reference (module and name): the callee must be
+    # importable on both workers, so take it from this script imported as a module, not from the
+    # copy of it that came with this function.
+    sys.path.insert(0, HERE)
+    numel = importlib.import_module(MODULE).numel
+    if backend == "shmcomm":
+        import shmcomm as sc
+        from shmcomm import rpc
 
-            rpc.init_rpc(f"worker{rank}", rank=rank, world_size=2, job=job, timeout=120.0)
-            wait_all = sc.wait_all
-        else:
-            from torch.distributed import rpc
+        rpc.init_rpc(f"worker{rank}", timeout=120.0)   # rank, world size, job: the launcher's
+        wait_all = sc.wait_all
+    else:
+        from torch.distributed import rpc
 
-            os.environ["MASTER_ADDR"] = "127.0.0.1"
-            os.environ["MASTER_PORT"] = str(port)
-            opts = rpc.TensorPipeRpcBackendOptions(num_worker_threads=16, rpc_timeout=120)
-            rpc.init_rpc(f"worker{rank}", rank=rank, world_size=2, rpc_backend_options=opts)
-            wait_all = torch.futures.wait_all
-        conn.send(("ready", None))
-        if rank == 0:
-            tensor = torch.ones(1 << 18, dtype=torch.float32)   # 1 MiB
-            while True:
-                cmd = conn.recv()
-                if cmd is None:
-                    break
-                case, n = cmd
-                conn.send(("ok", _round(rpc, wait_all, case, n, tensor)))
-        rpc.shutdown()
-        conn.send(("done", None))
-    except BaseException as exc:  # noqa: BLE001 - reported by the parent
-        import traceback
-
-        conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class _Backend:
-    """Two spawned workers of one backend; rank 0 runs rounds on request."""
-
-    def __init__(self, name: str, ctx, timeout: float):
-        self.name, self.timeout = name, timeout
-        job, port = f"bench-rpc-{uuid.uuid4().hex[:8]}", _free_port()
-        self.conns, self.procs = [], []
-        for rank in range(2):
-            parent, child = ctx.Pipe()
-            p = ctx.Process(target=_worker, args=(name, rank, job, port, child), daemon=True)
-            p.start()
-            self.conns.append(parent)
-            self.procs.append(p)
-
-    def _get(self, rank: int):
-        if not self.conns[rank].poll(self.timeout):
-            raise RuntimeError(f"{self.name}: worker{rank} did not answer within {self.timeout} s")
-        status, value = self.conns[rank].recv()
-        if status == "error":
-            raise RuntimeError(f"{self.name}: worker{rank} failed:\n{value}")
-        return value
-
-    def ready(self) -> None:
-        for rank in range(2):
-            self._get(rank)
-
-    def run(self, case: str, n: int) -> float:
-        self.conns[0].send((case, n))
-        return self._get(0)
-
-    def close(self) -> None:
-        try:
-            self.conns[0].send(None)
-            for rank in range(2):
-                self._get(rank)
-        finally:
-            for p in self.procs:
-                p.join(10)
-                if p.is_alive():
-                    p.kill()
-                    p.join()
+        # env:// rendezvous on the launcher's MASTER_ADDR and MASTER_PORT
+        opts = rpc.TensorPipeRpcBackendOptions(num_worker_threads=16, rpc_timeout=120)
+        rpc.init_rpc(f"worker{rank}", rank=rank, world_size=size, rpc_backend_options=opts)
+        wait_all = torch.futures.wait_all
+    result = None
+    if rank == 0:
+        tensor = torch.ones(1 << 18, dtype=torch.float32)   # 1 MiB
+        result = {}
+        for case, n in plan:
+            _round(rpc, wait_all, numel, case, n, tensor)   # warm-up round, not counted
+            result[case] = [_round(rpc, wait_all, numel, case, n, tensor) for _ in range(rounds)]
+    rpc.shutdown()
+    return result
 
 
 def main(argv=None) -> int:
@@ -165,19 +116,15 @@ def main(argv=None) -> int:
         elif name != "shmcomm":
             parser.error(f"unknown backend {name!r}")
         names.append(name)
-    ctx = mp.get_context("spawn")
+    import shmcomm as sc
+
+    plan = [(case, _calls(case, args)) for case in CASES]
     rounds = {name: {case: [] for case in CASES} for name in names}
     for phase in range(args.phases):
         for name in (names if phase % 2 == 0 else names[::-1]):
-            b = _Backend(name, ctx, args.timeout)
-            try:
-                b.ready()
-                for case in CASES:
-                    n = _calls(case, args)
-                    b.run(case, n)   # warm-up round, not counted
-                    rounds[name][case] += [b.run(case, n) for _ in range(args.rounds)]
-            finally:
-                b.close()
+            got = sc.spawn(_phase, 2, args=(name, plan, args.rounds), timeout=args.timeout)[0]
+            for case in CASES:
+                rounds[name][case] += got[case]
             print(f"# phase {phase + 1} {name}: " + ", ".join(
                 f"{case} {statistics.median(rounds[name][case][-args.rounds:]):.1f} us"
                 for case in CASES), flush=True)

@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 
@@ -39,12 +37,6 @@ import time
 # Measure this checkout's shmcomm (the ranks inherit PYTHONPATH).
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _mlp():
@@ -170,8 +162,9 @@ def _measure(groups, rounds: int, run) -> dict:
     return times
 
 
-def rank_main(args) -> None:
-    """One rank: join both groups, measure, and print from rank 0."""
+def rank_main(rank: int, size: int, args) -> dict | None:
+    """One rank (started by sc.spawn): join both groups and measure; rank 0 returns the table's
+    contents (the others None)."""
     import torch
     import torch.distributed as dist
 
@@ -179,9 +172,8 @@ def rank_main(args) -> None:
 
     torch.set_num_threads(1)
     if args.pin:  # rank r on CPU r, as `shmrun --bind-to core` does
-        os.sched_setaffinity(0, {int(os.environ["RANK"]) % os.cpu_count()})
-    dist.init_process_group("shmcomm")
-    rank = dist.get_rank()
+        os.sched_setaffinity(0, {rank % os.cpu_count()})
+    dist.init_process_group("shmcomm")  # env://: RANK, WORLD_SIZE, MASTER_* from the launcher
     groups = {"shmcomm": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
     rounds = args.rounds
     sections = set(args.only.split(",")) if args.only else {"latency", "ddp", "large", "funcol",
@@ -276,26 +268,34 @@ def rank_main(args) -> None:
             rows.append((f"all_reduce {args.large_count / 2**20:g}M x {dtname} (ms)",
                          _measure(groups, rounds, one_round), 1e3, goal))
 
-    if rank == 0:
-        world = dist.get_world_size()
-        print(f"torch {torch.__version__}, world size {world}, {os.cpu_count()} CPUs"
-              f"{' (rank r pinned to CPU r)' if args.pin else ''}, torch threads per rank 1, "
-              f"{rounds} rounds alternating the backends")
-        print(f"{'benchmark':<38}{'shmcomm':>18}{'gloo':>18}{'ratio':>8}{'goal':>9}")
-        for name, times, scale, goal in rows:
-            med = {k: statistics.median(v) * scale for k, v in times.items()}
-            best = {k: min(v) * scale for k, v in times.items()}
-            cells = "".join(f"{med[k]:>10.2f} [{best[k]:>5.4g}]" for k in ("shmcomm", "gloo"))
-            ratio = med["shmcomm"] / med["gloo"]
-            verdict = "" if goal is None else f"{'<= ' + str(goal):>9}  {'met' if ratio <= goal else 'MISSED'}"
-            print(f"{name:<38}{cells}{ratio:>8.3f}{verdict}")
-        for line in extra:
-            print(line)
+    world = dist.get_world_size()
     dist.destroy_process_group()
+    if rank != 0:
+        return None
+    return {"torch": torch.__version__, "world": world, "cpus": os.cpu_count(), "rows": rows,
+            "extra": extra}
+
+
+def report(result: dict, args) -> None:
+    """Print rank 0's figures: a header, one line per benchmark, then the equality checks."""
+    print(f"torch {result['torch']}, world size {result['world']}, {result['cpus']} CPUs"
+          f"{' (rank r pinned to CPU r)' if args.pin else ''}, torch threads per rank 1, "
+          f"{args.rounds} rounds alternating the backends")
+    print(f"{'benchmark':<38}{'shmcomm':>18}{'gloo':>18}{'ratio':>8}{'goal':>9}")
+    for name, times, scale, goal in result["rows"]:
+        med = {k: statistics.median(v) * scale for k, v in times.items()}
+        best = {k: min(v) * scale for k, v in times.items()}
+        cells = "".join(f"{med[k]:>10.2f} [{best[k]:>5.4g}]" for k in ("shmcomm", "gloo"))
+        ratio = med["shmcomm"] / med["gloo"]
+        verdict = "" if goal is None else f"{'<= ' + str(goal):>9}  {'met' if ratio <= goal else 'MISSED'}"
+        print(f"{name:<38}{cells}{ratio:>8.3f}{verdict}")
+    for line in result["extra"]:
+        print(line)
 
 
 def main(argv=None) -> int:
-    """Start the ranks and wait for them; returns the first non-zero exit code.
+    """Run the ranks (sc.spawn) and print rank 0's figures; returns 0 (a failing rank's
+    exception is raised here).
 
     Example::
 
@@ -312,23 +312,14 @@ def main(argv=None) -> int:
     parser.add_argument("--large-iters", type=int, default=10, help="large all_reduces per round")
     parser.add_argument("--dtypes", default="float32,float16,bfloat16", help="dtypes of the large all_reduce")
     parser.add_argument("--only", default="", help="comma list of sections: latency,funcol,ddp,fsdp,tp,large")
-    parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.rank is not None:
-        rank_main(args)
-        return 0
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])),
-               WORLD_SIZE=str(args.n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
-               OMP_NUM_THREADS="1")
-    procs = []
-    for r in range(args.n):
-        cmd = [sys.executable, os.path.abspath(__file__), "-n", str(args.n), "--iters", str(args.iters),
-               "--steps", str(args.steps), "--batch", str(args.batch), "--rounds", str(args.rounds),
-               "--large-count", str(args.large_count), "--large-iters", str(args.large_iters),
-               "--dtypes", args.dtypes, "--only", args.only, "--rank", str(r)] + (["--pin"] if args.pin else [])
-        procs.append(subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r))))
-    codes = [p.wait() for p in procs]
-    return next((c for c in codes if c), 0)
+    import shmcomm as sc
+
+    # The ranks import shmcomm afresh: make it this checkout's too; one thread each, as before.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
+    os.environ["OMP_NUM_THREADS"] = "1"
+    report(sc.spawn(rank_main, args.n, args=(args,))[0], args)
+    return 0
 
 
 if __name__ == "__main__":
