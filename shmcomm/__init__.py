@@ -36,7 +36,7 @@ else:
     _CORE_ERROR = None
 
 if _CORE_ERROR is None:
-    from shmcomm._core import Future, collect_all, wait_all  # noqa: F401
+    from shmcomm._core import Future  # noqa: F401
     from shmcomm.ops import ReduceOp  # noqa: F401
     from shmcomm.work import Work  # noqa: F401
     from shmcomm.group import (  # noqa: F401
@@ -49,6 +49,7 @@ if _CORE_ERROR is None:
         new_group,
     )
     from shmcomm.spawn import spawn  # noqa: F401
+    from shmcomm.waits import collect_all, wait_all, wait_any  # noqa: F401
     from shmcomm.collectives import *  # noqa: F401,F403
     from shmcomm.collectives import __all__ as _collectives_all
 else:
@@ -62,7 +63,7 @@ else:
 
 __all__ = [
     "AbortedError", "CollectiveMismatchError", "CommTimeoutError", "InvalidStateError",
-    "PeerFailureError", "ShmcommError", "UntrustedFileError", "Future", "collect_all", "wait_all", "ReduceOp", "Work",
+    "PeerFailureError", "ShmcommError", "UntrustedFileError", "Future", "collect_all", "wait_all", "wait_any", "ReduceOp", "Work",
     "ProcessGroup", "destroy_process_group", "get_rank", "get_world_size", "init_process_group",
     "is_initialized", "new_group", "spawn", *_collectives_all,
 ]

@@ -127,3 +127,50 @@ def _idle_cpu(rank, size):
 def test_blocked_rank_sleeps_instead_of_spinning(world):
     cpu = run_ranks(_idle_cpu, world)[0]
     assert cpu < 0.5, f"a rank blocked 2 s used {cpu:.2f} s of CPU"
+
+
+def _waits_over_works(rank, size):
+    xs = [np.full(5, float(rank + k)) for k in range(3)]
+    works = [sc.all_reduce(x, async_op=True) for x in xs]
+    got = sc.wait_all(works)  # a Work's value is its result(): the arrays it wrote
+    base = sum(range(size))
+    for k, (out, x) in enumerate(zip(got, xs)):
+        assert out[0] is x and (x == base + k * size).all(), (k, out)
+    mixed = sc.wait_all([sc.broadcast(np.full(2, float(rank)), src=0, async_op=True), _done_future(7)])
+    assert mixed[1] == 7 and (mixed[0][0] == 0.0).all(), mixed
+    # wait_any: rank 0's receive from the last rank finishes; the one from a silent peer does not
+    if size > 1:
+        if rank == 0:
+            late, soon = np.empty(1), np.empty(1)
+            pending = sc.irecv(late, src=1, tag=9)             # rank 1 sends it only at the end
+            ready = sc.irecv(soon, src=size - 1, tag=8)
+            assert sc.wait_any([pending, ready]) == 1 and soon[0] == 42.0
+            assert not pending.is_completed()
+            with pytest.raises(sc.CommTimeoutError, match="none of 1 operations finished"):
+                sc.wait_any([pending], timeout=0.2)
+            sc.barrier()
+            pending.wait()
+            assert late[0] == 1.0
+        else:
+            if rank == size - 1:
+                sc.send(np.array([42.0]), dst=0, tag=8)
+            sc.barrier()
+            if rank == 1:
+                sc.send(np.array([1.0]), dst=0, tag=9)
+    with pytest.raises(TypeError, match="item 0 is a list, not a shmcomm Future or Work"):
+        sc.wait_all([[1]])
+    with pytest.raises(ValueError, match="at least one"):
+        sc.wait_any([])
+    return True
+
+
+def _done_future(value):
+    f = sc.Future()
+    f.set_result(value)
+    return f
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_wait_all_and_wait_any_over_works_and_futures(world):
+    assert all(run_ranks(_waits_over_works, world))

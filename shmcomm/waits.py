@@ -1,0 +1,102 @@
+"""Waiting on many handles at once: ``collect_all``, ``wait_all`` and ``wait_any`` over Futures
+and Works alike (MPI's ``Waitall``/``Waitany``, ``torch.futures``' ``collect_all``/``wait_all``).
+
+A ``Work`` counts as its ``get_future()``: its value is ``work.result()`` (the arrays it wrote).
+Waiting sleeps on the handles' completion, never spins::
+
+    works = [sc.all_reduce(x, async_op=True) for x in arrays]
+    sc.wait_all(works)                      # [[arrays[0]], [arrays[1]], ...]
+    first = sc.wait_any([recv_a, recv_b])   # index of whichever finished first
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Iterable
+
+from shmcomm import _core
+from shmcomm._core import Future, Work
+from shmcomm.errors import CommTimeoutError
+
+__all__ = ["collect_all", "wait_all", "wait_any"]
+
+
+def _futures(items: Iterable[Any], func: str) -> list[Future]:
+    futures = []
+    for i, item in enumerate(items):
+        if isinstance(item, Work):
+            item = item.get_future()
+        elif not isinstance(item, Future):
+            raise TypeError(f"{func}: item {i} is a {type(item).__name__}, not a shmcomm Future or Work")
+        futures.append(item)
+    return futures
+
+
+def collect_all(futures: Iterable[Future | Work]) -> Future:
+    """A Future that completes once every Future or Work in ``futures`` is done; its value is
+    the list of their Futures, in order. If any failed, waiting on it raises the first failure
+    (in list order) once all are done, as ``torch.futures.collect_all`` does.
+
+    Example::
+
+        >>> a, b = sc.Future(), sc.Future()
+        >>> both = sc.collect_all([a, b])
+        >>> a.set_result(1); b.set_result(2)
+        >>> [f.value() for f in both.wait()]
+        [1, 2]
+    """
+    return _core.collect_all(_futures(futures, "collect_all"))
+
+
+def wait_all(futures: Iterable[Future | Work], timeout: float | None = None) -> list:
+    """Wait for every Future or Work in ``futures`` and return their values in order (a Work's
+    value is ``work.result()``).
+
+    Raises the error of the first failed one (in list order) once all are done; with ``timeout``
+    (seconds), ``CommTimeoutError`` if they are not all done by then.
+
+    Example::
+
+        >>> a, b = sc.Future(), sc.Future()
+        >>> a.set_result(1); b.set_result(2)
+        >>> sc.wait_all([a, b])
+        [1, 2]
+    """
+    return _core.wait_all(_futures(futures, "wait_all"), timeout)
+
+
+def wait_any(futures: Iterable[Future | Work], timeout: float | None = None) -> int:
+    """Wait until at least one Future or Work in ``futures`` is done and return its index (the
+    lowest one, when several are done), as MPI's ``Waitany``. It does not raise the one's error:
+    ``futures[i].wait()`` does.
+
+    Raises ``ValueError`` for an empty list and, with ``timeout`` (seconds), ``CommTimeoutError``
+    if none is done by then.
+
+    Example::
+
+        >>> a, b = sc.Future(), sc.Future()
+        >>> b.set_result("late but first")
+        >>> sc.wait_any([a, b])
+        1
+    """
+    items = _futures(futures, "wait_any")
+    if not items:
+        raise ValueError("wait_any needs at least one Future or Work")
+    woken = threading.Event()
+    for f in items:
+        if f.done():
+            break
+        f.add_done_callback(lambda _f: woken.set())
+    deadline = None if timeout is None else time.monotonic() + float(timeout)
+    while True:
+        done = next((i for i, f in enumerate(items) if f.done()), None)
+        if done is not None:
+            return done
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise CommTimeoutError(f"wait_any: none of {len(items)} operations finished within "
+                                   f"{timeout} s")
+        woken.wait(left)
+        woken.clear()
