@@ -47,6 +47,8 @@ if _CORE_ERROR is None:
         init_process_group,
         is_initialized,
         new_group,
+        new_subgroups,
+        split,
     )
     from shmcomm.spawn import spawn  # noqa: F401
     from shmcomm.waits import collect_all, wait_all, wait_any  # noqa: F401
@@ -65,5 +67,5 @@ __all__ = [
     "AbortedError", "CollectiveMismatchError", "CommTimeoutError", "InvalidStateError",
     "PeerFailureError", "ShmcommError", "UntrustedFileError", "Future", "collect_all", "wait_all", "wait_any", "ReduceOp", "Work",
     "ProcessGroup", "destroy_process_group", "get_rank", "get_world_size", "init_process_group",
-    "is_initialized", "new_group", "spawn", *_collectives_all,
+    "is_initialized", "new_group", "new_subgroups", "split", "spawn", *_collectives_all,
 ]

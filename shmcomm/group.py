@@ -20,7 +20,7 @@ from shmcomm.ops import ReduceOp, op_code
 from shmcomm.work import Work
 
 __all__ = ["ProcessGroup", "init_process_group", "is_initialized", "get_rank", "get_world_size",
-           "new_group", "destroy_process_group", "default_group"]
+           "new_group", "split", "new_subgroups", "destroy_process_group", "default_group"]
 
 DEFAULT_TIMEOUT = 300.0
 
@@ -388,8 +388,67 @@ def new_group(ranks: Sequence[int] | None = None, timeout: float | None = None) 
     """
     parent = default_group()
     members = list(range(parent.size)) if ranks is None else sorted(_rank_arg(r, "ranks[i]") for r in ranks)
+    return _subgroup(parent, members, timeout, f"ranks must be distinct and non-empty, got {ranks}")
+
+
+def split(color: int | None, key: int = 0, timeout: float | None = None) -> ProcessGroup | None:
+    """Split the default group by ``color``, as MPI's ``Comm_split``; every rank must call it.
+
+    Ranks that pass the same ``color`` form one new group, ordered by ``key`` then by their
+    rank; ``color=None`` (MPI's ``UNDEFINED``) joins no group and gets None.
+
+    Example::
+
+        row = sc.split(color=sc.get_rank() // 2, key=sc.get_rank())   # ranks 0-1, 2-3, ...
+        sc.all_reduce(x, group=row)
+    """
+    parent = default_group()
+    if color is not None and (isinstance(color, bool) or not isinstance(color, int) or color < 0):
+        raise ValueError(f"color must be an integer >= 0 or None, got {color!r}")
+    if isinstance(key, bool) or not isinstance(key, int):
+        raise TypeError(f"key must be an integer, got {type(key).__name__}")
+    everyone: list = [None] * parent.size
+    parent.all_gather_object(everyone, (color, key))
+    mine = None
+    for c in sorted({c for c, _ in everyone if c is not None}):  # the same order on every rank
+        members = sorted((r for r, (rc, _) in enumerate(everyone) if rc == c),
+                         key=lambda r: (everyone[r][1], r))
+        group = _subgroup(parent, members, timeout, "")
+        mine = group if c == color else mine
+    return mine
+
+
+def new_subgroups(group_size: int | None = None, timeout: float | None = None
+                  ) -> tuple[ProcessGroup, list[ProcessGroup | None]]:
+    """Cut the default group into consecutive groups of ``group_size`` ranks (default: the
+    ranks on this machine), as ``torch.distributed.new_subgroups``; every rank must call it.
+
+    Returns this rank's group and the list of all of them (None where this rank is not a member).
+
+    Example::
+
+        mine, every = sc.new_subgroups(group_size=2)    # 4 ranks: [0, 1] and [2, 3]
+    """
+    parent = default_group()
+    size = parent.size
+    if group_size is None:
+        topology = getattr(parent, "topology", None)
+        group_size = len(topology.nodes[topology.node_of[parent.rank]]) if topology else size
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"group_size must be an integer >= 1, got {group_size!r}")
+    if size % group_size:
+        raise ValueError(f"the group's {size} ranks do not divide into groups of {group_size}")
+    every = [_subgroup(parent, list(range(start, start + group_size)), timeout, "")
+             for start in range(0, size, group_size)]
+    return every[parent.rank // group_size], every
+
+
+def _subgroup(parent: ProcessGroup, members: list[int], timeout: float | None,
+              empty_message: str) -> ProcessGroup | None:
+    """The group of ``members`` (in this order: group rank i is ``members[i]``) under
+    ``parent``; collective over ``parent``; None on non-members."""
     if len(set(members)) != len(members) or not members:
-        raise ValueError(f"ranks must be distinct and non-empty, got {ranks}")
+        raise ValueError(empty_message or f"members must be distinct and non-empty, got {members}")
     bad = [r for r in members if not 0 <= r < parent.size]
     if bad:
         raise ValueError(f"ranks {bad} are outside the default group of size {parent.size}")

@@ -38,6 +38,46 @@ def test_new_group_uses_group_local_ranks():
     assert all(run_ranks(_subgroups, 4))
 
 
+def _split(rank, size):
+    # colors: even ranks 0, odd ranks 1, the last rank none; keys reverse the order
+    color = None if rank == size - 1 and size > 2 else rank % 2
+    g = sc.split(color, key=-rank)
+    if color is None:
+        assert g is None
+    else:
+        members = sorted((r for r in range(size) if r % 2 == color and not (r == size - 1 and size > 2)),
+                         reverse=True)  # key = -rank: the highest rank first
+        assert sc.get_world_size(g) == len(members) and sc.get_rank(g) == members.index(rank)
+        assert g.ranks == members, g.ranks
+        x = np.array([float(rank)])
+        sc.all_reduce(x, group=g)
+        assert x[0] == float(sum(members)), x
+        b = np.array([float(rank)])
+        sc.broadcast(b, src=0, group=g)  # group rank 0 is the highest member rank
+        assert b[0] == float(members[0])
+    mine, every = sc.new_subgroups(group_size=1 if size % 2 else 2)
+    width = 1 if size % 2 else 2
+    assert len(every) == size // width and every[rank // width] is mine
+    assert all(g is None for i, g in enumerate(every) if i != rank // width)
+    y = np.ones(2)
+    sc.all_reduce(y, group=mine)
+    assert (y == width).all(), y
+    with pytest.raises(ValueError, match=f"the group's {size} ranks do not divide into groups of {size + 1}"):
+        sc.new_subgroups(group_size=size + 1)
+    with pytest.raises(ValueError, match="group_size must be an integer >= 1, got 0"):
+        sc.new_subgroups(group_size=0)
+    with pytest.raises(ValueError, match="color must be an integer >= 0 or None"):
+        sc.split(-1)
+    sc.barrier()
+    return True
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_split_by_color_and_new_subgroups(world):
+    assert all(run_ranks(_split, world))
+
+
 def _from_environment(rank, size, job):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), SHMCOMM_JOB=job)
     pg = sc.init_process_group()

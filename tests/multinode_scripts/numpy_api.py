@@ -98,6 +98,10 @@ if within is not None and rank in (0, 1):
     sc.all_reduce(y, group=within)
     assert (y == 3.0).all(), y
     checked += 1
-checked += 2
+rail = sc.split(rank % 2, key=rank)  # one rank of every node: a group across nodes
+z = np.full(2, float(rank))
+sc.all_reduce(z, group=rail)
+assert (z == float(sum(r for r in range(size) if r % 2 == rank % 2))).all(), z
+checked += 3
 print(f"rank {rank} numpy ok {checked} on {len(pg.topology.nodes)} nodes", flush=True)
 sc.destroy_process_group()
