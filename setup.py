@@ -2,6 +2,10 @@
 
 import os
 
+import platform
+import sysconfig
+
+import Cython
 import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
@@ -27,6 +31,19 @@ extension = Extension(
     extra_link_args=link_args,
     libraries=["rt", "pthread"],
 )
+
+# What `shmcomm info` reports as the build: recorded here, at build time, not guessed later.
+build_info = {
+    "cython": Cython.__version__,
+    "numpy (built against)": numpy.__version__,
+    "python": platform.python_version(),
+    "compiler": sysconfig.get_config_var("CC") or "unknown",
+    "compile args": " ".join(compile_args),
+    "sanitizer": sanitize or "none",
+}
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "shmcomm", "_build_info.py"), "w") as f:
+    f.write('"""Facts of the build of shmcomm._core, written by setup.py."""\n\n'
+            f"BUILD_INFO = {build_info!r}\n")
 
 setup(
     ext_modules=cythonize(

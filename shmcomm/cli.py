@@ -14,6 +14,7 @@ Segments normally disappear as soon as every rank has attached, so ``ls`` usuall
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import re
@@ -140,45 +141,32 @@ def _kernel_level() -> str:
     return f"{level} ({why}; runs: {levels})"
 
 
-def _compiler_of(path: str) -> str | None:
-    # Compilers record themselves in the ELF .comment section; finding the string is enough.
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    m = re.search(rb"(GCC: \([^\0\n]*\) [^\0\n]*|[A-Za-z ]*clang version [^\0\n]*)", data)
-    return m.group(1).decode(errors="replace").strip() if m else None
-
-
 def _build_lines() -> list[tuple[str, str]]:
     try:
         from shmcomm import _core  # imported lazily: only `info` needs it
     except Exception as e:  # a broken build is exactly what `info` should report
         return [("core", f"not importable ({type(e).__name__}: {e})")]
     lines = [("core", getattr(_core, "__file__", "?"))]
-    build = getattr(_core, "build_info", None) or getattr(_core, "BUILD_INFO", None)
-    if callable(build):
-        try:
-            build = build()
-        except Exception:
-            build = None
-    if isinstance(build, dict):
-        lines += [(f"build {k}", str(v)) for k, v in build.items()]
-    elif build:
-        lines.append(("build", str(build)))
-    cython = next((getattr(_core, a) for a in ("CYTHON_VERSION", "__cython_version__")
-                   if hasattr(_core, a)), None)
-    if cython is None:
-        try:
-            from importlib.metadata import version
-            cython = f"{version('cython')} (installed; build-time version not recorded)"
-        except Exception:
-            cython = "unknown"
-    lines.append(("cython", str(cython)))
-    compiler = next((getattr(_core, a) for a in ("COMPILER", "__compiler__") if hasattr(_core, a)),
-                    None) or (_compiler_of(_core.__file__) if getattr(_core, "__file__", None) else None)
-    lines.append(("compiler", compiler or "unknown"))
+    try:
+        from shmcomm._build_info import BUILD_INFO
+    except ImportError:
+        return lines + [("build", "not recorded (a core built before setup.py kept its facts)")]
+    return lines + [(f"build {key}", str(value)) for key, value in BUILD_INFO.items()]
+
+
+def _settings_lines(nranks: int) -> list[tuple[str, str]]:
+    """The tuning a group of ``nranks`` gets here, each value with where it comes from."""
+    try:
+        from shmcomm import _core
+        settings = _core.group_settings(nranks)
+    except Exception as exc:  # noqa: BLE001 - a bad SHMCOMM_* value is worth reporting, not a crash
+        return [("settings", f"unavailable: {exc}")]
+    lines = [("last-level cache", _human(_core._last_level_cache_bytes()))]
+    for key, value in settings.items():
+        var = f"SHMCOMM_{key.upper()}"
+        shown = _human(value) if key.endswith("_bytes") else str(value)
+        source = f"from {var}" if os.environ.get(var) else f"default; {var}"
+        lines.append((f"{key} ({nranks} ranks)", f"{shown} ({source})"))
     return lines
 
 
@@ -218,6 +206,7 @@ def info_lines() -> list[tuple[str, str]]:
         lines.append((segments.SHM_DIR, space))
     except OSError as e:
         lines.append((segments.SHM_DIR, f"unavailable ({e.strerror})"))
+    lines += _settings_lines(usable)
     segs = segments.list_segments()
     if segs:
         users = segment_users()
@@ -230,6 +219,9 @@ def info_lines() -> list[tuple[str, str]]:
 
 def _cmd_info(args: argparse.Namespace) -> int:
     lines = info_lines()
+    if args.json:
+        print(json.dumps(dict(lines), indent=1))
+        return 0
     width = max(len(k) for k, _ in lines)
     for key, value in lines:
         print(f"{key + ':':<{width + 1}} {value}")
@@ -296,7 +288,9 @@ def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shmcomm", description="shmcomm maintenance commands.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    p = sub.add_parser("info", help="version, build, SIMD, cores, limits, /dev/shm space")
+    p = sub.add_parser("info", help="version, build facts, kernel level, settings in effect, cores, "
+                                    "limits, /dev/shm space")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.set_defaults(func=_cmd_info)
     p = sub.add_parser("ls", help="list this user's shared-memory segments")
     p.add_argument("--job", help="only the segments of this job")
@@ -316,7 +310,11 @@ def main(argv: list[str] | None = None) -> int:
         main(["clean", "--dry-run"])
     """
     args = _build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # `shmcomm info | head`: the reader left; stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

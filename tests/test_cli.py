@@ -84,6 +84,24 @@ def test_info():
     from shmcomm import _core
     best = _core.simd_levels()[-1]
     assert re.search(rf"^kernels:\s+{best} \(the best this CPU runs; runs: baseline", res.stdout, re.M)
+    # build facts recorded by setup.py, and the settings in effect with their source
+    assert re.search(r"^build cython:\s+\d+\.\d+", res.stdout, re.M), res.stdout
+    assert re.search(r"^slot_bytes \(\d+ ranks\):\s+1\.0 MiB \(default; SHMCOMM_SLOT_BYTES\)$", res.stdout, re.M)
+
+
+@pytest.mark.timeout(30)
+def test_info_json_and_settings_from_the_environment():
+    import json
+
+    res = subprocess.run([sys.executable, "-m", "shmcomm.cli", "info", "--json"], capture_output=True,
+                         text=True, env=dict(os.environ, SHMCOMM_SLOT_BYTES="2097152"))
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    import shmcomm
+    assert report["version"] == shmcomm.__version__
+    slot = next(v for k, v in report.items() if k.startswith("slot_bytes"))
+    assert slot == "2.0 MiB (from SHMCOMM_SLOT_BYTES)", report
+    assert report["kernels"].split()[0] in shmcomm._core.simd_levels()
 
 
 @pytest.mark.timeout(30)
