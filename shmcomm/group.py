@@ -139,7 +139,7 @@ class ProcessGroup(_core.GroupCore):
             w = pg.irecv(buf, src=0); w.wait()
         """
         work = Work(None, (array,), [array], self.abort, self._p2p.drive)
-        source = -1 if src is None else _rank_arg(src, "src")
+        source = _core.source_arg(src)
         self._p2p.post_recv(work._future, array, source, _tag_arg(tag), work)
         return work
 

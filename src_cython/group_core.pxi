@@ -46,6 +46,23 @@ def rank_arg(value, str argname):
     return _as_index(value, argname)
 
 
+def source_arg(src):
+    """A receive's ``src`` as the p2p engine takes it: None (any rank) is -1; a negative rank is
+    refused (it is not another spelling of "any").
+
+    Example::
+
+        >>> source_arg(None), source_arg(2)
+        (-1, 2)
+    """
+    if src is None:
+        return -1
+    cdef int r = _rank_arg(src, "src")
+    if r < 0:
+        raise ValueError(f"src must be a rank >= 0, or None for any rank; got {r}")
+    return r
+
+
 cdef int64_t _tag_arg(object tag) except? -1:
     tag = _as_index(tag, "tag")
     if not -(2**63) <= tag < 2**63:
@@ -235,7 +252,7 @@ cdef class GroupCore:
 
             sender = pg.recv(buf, src=None, tag=7)
         """
-        return self._p2p.recv(array, -1 if src is None else _rank_arg(src, "src"), _tag_arg(tag))
+        return self._p2p.recv(array, source_arg(src), _tag_arg(tag))
 
 
 # ---- module-level collectives (shmcomm.all_reduce, ...): the group's method, on the default group

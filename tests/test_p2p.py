@@ -158,6 +158,14 @@ def _wide_tags_and_bad_arguments(rank, size):
         sc.send(np.ones(1), dst=True)
     with pytest.raises(ValueError, match="op must be"):
         sc.all_reduce(np.ones(1), op=-1)
+    # a negative source is refused, not read as "any rank" (None is that)
+    for bad in (-1, -2):
+        with pytest.raises(ValueError, match=f"src must be a rank >= 0, or None for any rank; got {bad}"):
+            sc.recv(np.ones(1), src=bad)
+        with pytest.raises(ValueError, match=f"src must be a rank >= 0, or None for any rank; got {bad}"):
+            sc.irecv(np.ones(1), src=bad)
+    with pytest.raises(ValueError, match=r"dst must be a rank in \[0, 2\), got -1"):
+        sc.send(np.ones(1), dst=-1)
     return True
 
 
