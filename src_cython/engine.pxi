@@ -396,12 +396,16 @@ cdef class Communicator:
                     raise self._fail(peer_failure(self._name(), r, self.pids[r]))
         if capi.shm_now_ns() > self.deadline_ns:
             with gil:
-                late = [r for r in range(self.size) if r != self.rank and
+                # each late rank with the step it reached: a rank far behind is stuck
+                # elsewhere (another collective, or computing), one step behind is just late
+                late = [(r, capi.shm_load_acquire(&self.cb(r).seq)) for r in range(self.size)
+                        if r != self.rank and
                         not capi.shm_seq_geq(capi.shm_load_acquire(&self.cb(r).seq), target)]
+                where = ", ".join(f"rank {r} at step {seq}" for r, seq in late) or "none"
                 raise self._fail(CommTimeoutError(
                     f"{self._name()} timed out after {self.timeout} s on rank {self.rank} "
-                    f"waiting for {'rank %d' % peer if peer >= 0 else 'its peers'} "
-                    f"(not arrived: rank(s) {late})"))
+                    f"waiting for {'rank %d' % peer if peer >= 0 else 'its peers'} at step "
+                    f"{target}; not arrived: {where}"))
         with gil:
             try:
                 PyErr_CheckSignals()

@@ -165,6 +165,27 @@ def test_rendezvous_timeout_names_missing_ranks():
     assert run_ranks(lonely, 1, init=False) == [True]
 
 
+def _late_ranks(rank, size):
+    # ranks 0 and 1 run two barriers; rank 2 runs one, then stays away: the second barrier
+    # times out (the group's timeout is 0.5 s) naming rank 2 and the step it reached; rank 1
+    # arrived, so rank 0's message does not name it
+    sc.barrier()
+    if rank == 2:
+        time.sleep(2.0)
+        return "away"
+    with pytest.raises(sc.CommTimeoutError) as info:
+        sc.barrier()
+    return str(info.value)
+
+
+@pytest.mark.timeout(60)
+def test_collective_timeout_names_late_ranks_and_their_steps():
+    message = run_ranks(_late_ranks, 3, env={"SHMCOMM_TIMEOUT": "0.5"})[0]
+    assert "barrier timed out after 0.5 s on rank 0 waiting for its peers at step" in message, message
+    assert "not arrived: rank 2 at step" in message, message
+    assert "rank 1 at" not in message, message
+
+
 @pytest.mark.timeout(60)
 def test_job_name_in_use_and_world_size_mismatch():
     def clash(rank, size):
