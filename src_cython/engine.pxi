@@ -916,23 +916,35 @@ cdef class Communicator:
             part = f"{self.part}.h{self.heap_count}"
             name = segment_name(self.job, part)
             tag = self.creds.tag(self.job, part)
+            failed = None  # rank 0's error creating the segment: every rank raises its cause
             if self.rank == 0:
                 try:
                     seg = Segment.create(name, total)
                 except (ShmcommError, OSError) as e:
-                    self.abort()  # peers would otherwise wait for this step until their timeout
-                    raise self._fail(e) from None
-                hh = <capi.shm_heap_header_t *>seg.base
-                nonce = int.from_bytes(os.urandom(8), "little")
-                hh.nonce = nonce
-                memcpy(hh.tag, <char *>tag, 32)
-                hh.magic = SHM_HEAP_MAGIC
+                    failed = e
+                else:
+                    hh = <capi.shm_heap_header_t *>seg.base
+                    nonce = int.from_bytes(os.urandom(8), "little")
+                    hh.nonce = nonce
+                    memcpy(hh.tag, <char *>tag, 32)
+                    hh.magic = SHM_HEAP_MAGIC
             self._set_desc(K_ALLOC, 0, nbytes_per_rank, 0, 0)
-            self.cb(self.rank).desc[(self.step + 1) & 1][7] = nonce  # not compared by _check_desc
+            # words 5-7 are not compared by _check_desc: rank 0's failure flag, the space left
+            # in /dev/shm when it failed, the heap's nonce
+            self.cb(self.rank).desc[(self.step + 1) & 1][5] = failed is not None
+            self.cb(self.rank).desc[(self.step + 1) & 1][6] = _shm_free_bytes() if failed is not None else 0
+            self.cb(self.rank).desc[(self.step + 1) & 1][7] = nonce
             try:
                 with nogil:
                     self._step()
                     self._check_desc()
+                if self.cb(0).desc[self.step & 1][5]:  # the group stays usable: nothing was made
+                    if failed is not None:
+                        raise failed
+                    raise ShmcommError(
+                        f"empty: rank 0 could not create the shared array's segment of {total} "
+                        f"bytes in /dev/shm ({self.cb(0).desc[self.step & 1][6]} bytes free; see "
+                        f"rank 0's error; enlarge /dev/shm, e.g. docker --shm-size)")
                 if self.rank != 0:
                     try:
                         seg = Segment.attach(name)

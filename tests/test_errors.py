@@ -186,6 +186,29 @@ def test_collective_timeout_names_late_ranks_and_their_steps():
     assert "rank 1 at" not in message, message
 
 
+def _empty_too_large(rank, size):
+    st = os.statvfs("/dev/shm")
+    too_many = st.f_bavail * st.f_frsize // 8 + 1  # float64s per rank: more than /dev/shm holds
+    with pytest.raises(sc.ShmcommError) as info:
+        sc.empty(too_many)
+    a = sc.empty(4)  # nothing was made, and the group goes on
+    a[:] = rank
+    x = np.ones(1)
+    sc.all_reduce(x)
+    assert x[0] == size
+    return str(info.value)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world", [2, 3])
+def test_every_rank_gets_the_cause_of_a_failed_shared_allocation(world):
+    messages = run_ranks(_empty_too_large, world)
+    assert "cannot reserve" in messages[0] and "No space left on device" in messages[0], messages
+    for text in messages[1:]:
+        assert "rank 0 could not create the shared array's segment" in text, text
+        assert "bytes free" in text and "docker --shm-size" in text, text
+
+
 @pytest.mark.timeout(60)
 def test_job_name_in_use_and_world_size_mismatch():
     def clash(rank, size):
