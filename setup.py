@@ -50,6 +50,6 @@ setup(
         [extension],
         language_level=3,
         compiler_directives={"boundscheck": False, "wraparound": False, "cdivision": True,
-                             "embedsignature": True},
+                             "embedsignature": False},
     ),
 )

@@ -76,10 +76,10 @@ autodoc_inherit_docstrings = False  # torch's own (pybind) docstrings are not ou
 if importlib.util.find_spec("torch") is None:
     autodoc_mock_imports = ["torch"]
 
-# The compiled (Cython) functions carry their signature as the first docstring line, in Cython's
-# spelling. autodoc reads it (autodoc_docstring_signature); these rewrites make it valid, readable
+# The compiled (Cython) functions are introspectable (binding=True; their docstrings no longer
+# repeat the signature). These rewrites keep any signature in Cython's spelling valid, readable
 # Python: `op=_SUM` is ReduceOp.SUM, Cython's C types (`bool async_op`) go, and an explicit
-# `self` of a method is dropped.
+# `self` of a method is dropped. Work and Future are given theirs in api.rst.
 _CYTHON_TYPES = re.compile(r"\b(?:bint|bool|int|double|float|str|object|list|tuple|dict|size_t)\s+(?=\w+\s*(?:=|,|\)|$))")
 
 # Constructors users never call themselves: their signature would only confuse.
