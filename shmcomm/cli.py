@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import resource
 import sys
 import time

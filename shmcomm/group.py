@@ -14,7 +14,7 @@ import weakref
 from typing import Sequence
 
 from shmcomm import _core
-from shmcomm.errors import AbortedError, ShmcommError
+from shmcomm.errors import AbortedError
 from shmcomm.ops import ReduceOp, op_code
 
 from shmcomm.work import Work

@@ -4,13 +4,14 @@ Each rank gets the environment ``torchrun`` gives its workers, plus ``SHMCOMM_JO
 ``sc.init_process_group()`` and an unchanged ``torch.distributed`` script (``env://``) work::
 
     shmrun -n 4 train.py --lr 0.1             # a .py file runs under this Python
-    shmrun -n 2 -m mypkg.worker               # a module
+    shmrun -n auto -m mypkg.worker            # a module, one rank per usable core
     shmrun -n 2 --log-dir logs python train.py
     shmrun -n 2 sh -c 'echo rank $RANK of $WORLD_SIZE'
 
-Every output line of a rank is prefixed ``[rank] `` (``--no-prefix`` turns that off). When a rank
-fails, the others are stopped (SIGTERM, SIGKILL after ``--grace`` seconds), a summary names the
-failing rank, and ``shmrun`` exits with that rank's code (128 + signal number for a signal).
+Output passes through live, partial lines and prompts included; every line a rank starts is
+prefixed ``[rank] `` (``--no-prefix`` turns that off, ``--timestamp-output`` adds the time). When a
+rank fails, the others are stopped (SIGTERM, SIGKILL after ``--grace`` seconds), a summary names
+the failing rank, and ``shmrun`` exits with that rank's code (128 + signal number for a signal).
 Whatever the ending, no process of the job and no ``/dev/shm`` segment of the job is left behind.
 """
 
@@ -35,32 +36,37 @@ from dataclasses import dataclass, field
 import psutil
 
 from shmcomm import __version__, segments, trust
+from shmcomm.cpus import cpu_domains, format_cpulist, usable_cores
+from shmcomm.launch_console import PROG, _Console, _Stream
 from shmcomm.node_link import Failure, NodeLink
 
-__all__ = ["LaunchConfig", "parse_args", "rank_environment", "launch", "main"]
+__all__ = ["LaunchConfig", "parse_args", "rank_environment", "launch", "main", "usable_cores",
+           "cpu_domains", "binding_plan"]
 
-PROG = "shmrun"
 EXIT_USAGE = 2  # what argparse uses for bad command lines
 TAIL_LINES = 20  # stderr lines of a failed rank repeated in the summary
 _POLL_S = 0.1  # fallback wake-up; SIGCHLD normally wakes the loop at once
 _DRAIN_S = 2.0  # how long to wait for the last output once every process is gone
-_MAX_LINE = 1 << 20  # a "line" longer than this is emitted in pieces rather than buffered forever
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _PR_SET_CHILD_SUBREAPER = 36
+_BIND_KINDS = ("none", "core", "numa", "socket")
 
 # Launcher options: those taking a value, and plain switches. The command line is split by hand at
 # the first token that is not one of these, so every later token (dashes included) is the program's.
 _VALUED = {"-n", "--nproc", "--nproc-per-node", "--nproc_per_node", "--bind-to", "--log-dir",
-           "--max-restarts", "--grace", "--nnodes", "--node-rank", "--node_rank", "--master-addr",
-           "--master_addr", "--master-port", "--master_port"}
-_SWITCHES = {"--no-prefix", "-h", "--help", "--version"}
+           "--log_dir", "--max-restarts", "--max_restarts", "--grace", "--nnodes", "--node-rank",
+           "--node_rank", "--master-addr", "--master_addr", "--master-port", "--master_port",
+           "-t", "--tee", "-r", "--redirects", "--local-ranks-filter", "--local_ranks_filter"}
+_SWITCHES = {"--no-prefix", "--timestamp-output", "--report-bindings", "--standalone", "-h",
+             "--help", "--version"}
 
 
 @dataclass
 class LaunchConfig:
     """A parsed ``shmrun`` command line; ``command`` is the argv every rank executes.
 
-    Example::
+    ``tee`` and ``redirects`` are torchrun's: 0 none, 1 stdout, 2 stderr, 3 both, for every local
+    rank (an ``int``) or per local rank (a ``dict``). Example::
 
         cfg = parse_args(["-n", "2", "train.py", "--lr", "0.1"])
         cfg.nproc, cfg.command  # 2, [sys.executable, "train.py", "--lr", "0.1"]
@@ -68,9 +74,9 @@ class LaunchConfig:
 
     nproc: int
     command: list[str]
-    bind_to: str = "none"
+    bind_to: str = "none"           # none, core, numa or socket
     prefix: bool = True
-    log_dir: str | None = None
+    log_dir: str | None = None      # each run writes DIR/<run id>/attempt_<k>/rank<r>.out|.err
     max_restarts: int = 0
     grace: float = 5.0
     nnodes: int = 1                 # several nodes: each runs its own shmrun (static rendezvous)
@@ -78,26 +84,97 @@ class LaunchConfig:
     master_addr: str = "127.0.0.1"
     master_port: int | None = None  # None: a free port (one node only)
     summary: bool = True            # False: the caller (sc.spawn) reports a failure itself
+    timestamp: bool = False         # prefix every output line with the time it was shown
+    report_bindings: bool = False   # print each rank's CPU set when it starts
+    tee: int | dict[int, int] = 0   # streams written to the console and the log
+    redirects: int | dict[int, int] = 0  # streams written to the log only
+    local_ranks_filter: frozenset[int] | None = None  # None: every rank's output on the console
+
+
+def _nproc_value(text: str) -> int | str:
+    if text.strip().lower() in ("auto", "cpu"):
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid int value: {text!r} (a number of ranks, or 'auto' for one per usable core)"
+        ) from None
+
+
+def _streams_value(text: str) -> int | dict[int, int]:
+    """torchrun's stream selector: ``3`` for every local rank, or ``0:1,1:2`` per local rank."""
+    bad = argparse.ArgumentTypeError(
+        f"invalid value {text!r}: expected 0 (none), 1 (stdout), 2 (stderr) or 3 (both), or "
+        f"LOCAL_RANK:VALUE pairs such as 0:3,1:2")
+    try:
+        if ":" not in text:
+            value = int(text)
+            if not 0 <= value <= 3:
+                raise bad
+            return value
+        spec: dict[int, int] = {}
+        for item in text.split(","):
+            rank, value = (int(x) for x in item.split(":"))
+            if rank < 0 or not 0 <= value <= 3 or rank in spec:
+                raise bad
+            spec[rank] = value
+        return spec
+    except ValueError:
+        raise bad from None
+
+
+def _ranks_value(text: str) -> frozenset[int]:
+    try:
+        ranks = frozenset(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid value {text!r}: expected local ranks separated by commas, such as 0,2") from None
+    if any(r < 0 for r in ranks):
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: local ranks are >= 0")
+    return ranks
 
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
-        usage=f"{PROG} -n N [options] (script.py | -m module | program) [args...]",
+        usage=f"{PROG} -n N|auto [options] (script.py | -m module | program) [args...]",
         description="Run N local ranks of a program for shmcomm or torch.distributed "
-                    "(torchrun-compatible environment).",
+                    "(torchrun-compatible environment and spellings).",
         epilog="Everything after the script, module or program is passed to it untouched.",
         allow_abbrev=False,  # the hand-made split below must know every spelling of an option
     )
     parser.add_argument("-n", "--nproc", "--nproc-per-node", "--nproc_per_node", dest="nproc",
-                        type=int, metavar="N", required=True, help="number of ranks to start")
-    parser.add_argument("--bind-to", choices=("none", "core"), default="none",
-                        help="'core' pins rank r to usable core r mod #cores (default: none)")
+                        type=_nproc_value, metavar="N", required=True,
+                        help="number of ranks to start on this node; 'auto': one per usable core")
+    parser.add_argument("--standalone", action="store_true",
+                        help="one node on localhost with a free port (torchrun's spelling; the "
+                             "default without --nnodes)")
+    parser.add_argument("--bind-to", choices=_BIND_KINDS, default="none",
+                        help="pin rank r to usable core r mod #cores ('core'), or to all usable "
+                             "cores of NUMA node / socket r mod #nodes (default: none)")
+    parser.add_argument("--report-bindings", action="store_true",
+                        help="print each rank's CPU set when it starts")
     parser.add_argument("--no-prefix", dest="prefix", action="store_false",
                         help="do not prefix output lines with [rank]")
-    parser.add_argument("--log-dir", metavar="DIR",
-                        help="also write each rank's output to DIR/rank<r>.out and DIR/rank<r>.err")
-    parser.add_argument("--max-restarts", type=int, default=0, metavar="K",
+    parser.add_argument("--timestamp-output", dest="timestamp", action="store_true",
+                        help="prefix output lines with the time they were shown")
+    parser.add_argument("--local-ranks-filter", "--local_ranks_filter", dest="local_ranks_filter",
+                        type=_ranks_value, metavar="RANKS",
+                        help="show only these local ranks' output on the console, e.g. 0,2 (log "
+                             "files still get every rank's)")
+    parser.add_argument("--log-dir", "--log_dir", dest="log_dir", metavar="DIR",
+                        help="also write each rank's output to "
+                             "DIR/<run id>/attempt_<k>/rank<r>.out and .err")
+    parser.add_argument("-r", "--redirects", type=_streams_value, default=0, metavar="STREAMS",
+                        help="with --log-dir: write these streams to the log only, not the console "
+                             "(1 stdout, 2 stderr, 3 both, or per local rank: 0:3,1:2)")
+    parser.add_argument("-t", "--tee", type=_streams_value, default=0, metavar="STREAMS",
+                        help="with --log-dir: write these streams to the console and the log (as "
+                             "--log-dir does for every stream not redirected); wins over "
+                             "--redirects")
+    parser.add_argument("--max-restarts", "--max_restarts", dest="max_restarts", type=int,
+                        default=0, metavar="K",
                         help="restart the whole job up to K times after a failure (default: 0)")
     parser.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
                         help="time between SIGTERM and SIGKILL when stopping ranks (default: 5)")
@@ -106,7 +183,7 @@ def _build_parser() -> argparse.ArgumentParser:
                              "--node-rank (default: 1)")
     parser.add_argument("--node-rank", "--node_rank", dest="node_rank", type=int, default=0,
                         metavar="K", help="this node's index in [0, M) (default: 0)")
-    parser.add_argument("--master-addr", "--master_addr", dest="master_addr", default="127.0.0.1",
+    parser.add_argument("--master-addr", "--master_addr", dest="master_addr", default=None,
                         metavar="HOST", help="address of node 0 (default: 127.0.0.1)")
     parser.add_argument("--master-port", "--master_port", dest="master_port", type=int,
                         metavar="PORT", help="port of the job's store on node 0 (needed with "
@@ -133,11 +210,13 @@ def _split_argv(argv: list[str]) -> tuple[list[str], str | None, list[str]]:
         name = tok.split("=", 1)[0]
         if name in _VALUED and "=" not in tok:
             i += 2
-        elif tok.startswith("-n") and not tok.startswith("--"):
-            i += 1  # -n4
         else:
-            i += 1  # a switch, --opt=value, or an unknown option argparse will reject
+            i += 1  # -n4, a switch, --opt=value, or an unknown option argparse will reject
     return argv, None, []
+
+
+def _stream_ranks(spec: int | dict[int, int]) -> set[int]:
+    return set(spec) if isinstance(spec, dict) else set()
 
 
 def parse_args(argv: list[str] | None = None) -> LaunchConfig:
@@ -154,12 +233,20 @@ def parse_args(argv: list[str] | None = None) -> LaunchConfig:
     if opts and opts[-1] == "-m":
         parser.error("-m needs a module name")
     ns = parser.parse_args(opts)
+    if ns.nproc == "auto":
+        ns.nproc = len(usable_cores())
     if ns.nproc < 1:
         parser.error(f"-n must be at least 1, got {ns.nproc}")
     if ns.max_restarts < 0:
         parser.error(f"--max-restarts must be >= 0, got {ns.max_restarts}")
     if not ns.grace >= 0:  # also rejects nan
         parser.error(f"--grace must be >= 0 seconds, got {ns.grace}")
+    if ns.standalone:
+        if ns.nnodes > 1:
+            parser.error(f"--standalone runs one node; it cannot be combined with --nnodes {ns.nnodes}")
+        if ns.master_addr is not None or ns.master_port is not None:
+            parser.error("--standalone uses a free port on 127.0.0.1; drop --master-addr and "
+                         "--master-port, or drop --standalone")
     if ns.nnodes < 1 or not 0 <= ns.node_rank < ns.nnodes:
         parser.error(f"--node-rank must be in [0, --nnodes={ns.nnodes}), got {ns.node_rank}")
     if ns.nnodes > 1 and ns.master_port is None:
@@ -168,6 +255,17 @@ def parse_args(argv: list[str] | None = None) -> LaunchConfig:
     if ns.nnodes > 1 and ns.max_restarts:
         parser.error("--max-restarts works on one node only: a restart on several nodes would have "
                      "to restart every node together, which shmrun does not do")
+    for flag, spec in (("--redirects", ns.redirects), ("--tee", ns.tee)):
+        if ns.log_dir is None and (spec if isinstance(spec, int) else any(spec.values())):
+            parser.error(f"{flag} needs --log-dir DIR: it selects the streams written to the log "
+                         f"files there (shmrun has no default log directory)")
+        beyond = sorted(r for r in _stream_ranks(spec) if r >= ns.nproc)
+        if beyond:
+            parser.error(f"{flag} names local rank(s) {beyond}, but -n is {ns.nproc}")
+    if ns.local_ranks_filter is not None:
+        beyond = sorted(r for r in ns.local_ranks_filter if r >= ns.nproc)
+        if beyond:
+            parser.error(f"--local-ranks-filter names local rank(s) {beyond}, but -n is {ns.nproc}")
     if module is not None:
         if not module:
             parser.error("-m needs a module name")
@@ -178,10 +276,10 @@ def parse_args(argv: list[str] | None = None) -> LaunchConfig:
         command = _resolve_program(parser, program)
     return LaunchConfig(nproc=ns.nproc, command=command, bind_to=ns.bind_to, prefix=ns.prefix,
                         log_dir=ns.log_dir, max_restarts=ns.max_restarts, grace=ns.grace,
-                        nnodes=ns.nnodes, node_rank=ns.node_rank, master_addr=ns.master_addr,
-                        master_port=ns.master_port)
-
-
+                        nnodes=ns.nnodes, node_rank=ns.node_rank,
+                        master_addr=ns.master_addr or "127.0.0.1", master_port=ns.master_port,
+                        timestamp=ns.timestamp, report_bindings=ns.report_bindings, tee=ns.tee,
+                        redirects=ns.redirects, local_ranks_filter=ns.local_ranks_filter)
 def _resolve_program(parser: argparse.ArgumentParser, program: list[str]) -> list[str]:
     # Checked here, once, so a typo is one clear message instead of N identical rank failures.
     target, args = program[0], program[1:]
@@ -214,17 +312,6 @@ def _new_job_name() -> str:
     return f"{PROG}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
-def usable_cores() -> list[int]:
-    """The CPU cores this process may run on (its affinity mask). Example::
-
-        len(usable_cores())     # 2 on a 2-core machine
-    """
-    try:
-        return sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return list(range(os.cpu_count() or 1))
-
-
 def threads_per_rank(nranks: int, bind_to: str = "none") -> int:
     """``OMP_NUM_THREADS`` for ``nranks`` ranks sharing this process's cores: a rank pinned to
     one core gains nothing from more threads than that core. Example::
@@ -234,10 +321,39 @@ def threads_per_rank(nranks: int, bind_to: str = "none") -> int:
     return 1 if bind_to == "core" else max(1, len(usable_cores()) // nranks)
 
 
+
+def binding_plan(cfg: LaunchConfig) -> list[tuple[set[int], str]] | None:
+    """Per local rank, the cores it is pinned to and where they are (``"core 3"``, ``"numa node
+    0"``, ``"socket 1"``): rank r gets group r mod #groups of :func:`cpu_domains`. ``None`` for
+    ``--bind-to none``. Example::
+
+        binding_plan(parse_args(["-n", "2", "--bind-to", "core", "true"]))  # [({0}, 'core 0'), ({1}, 'core 1')]
+    """
+    if cfg.bind_to == "none":
+        return None
+    domains = cpu_domains(cfg.bind_to)
+    what = {"core": "core", "numa": "numa node", "socket": "socket"}[cfg.bind_to]
+    plan = []
+    for r in range(cfg.nproc):
+        ident, cpus = domains[r % len(domains)]
+        plan.append((set(cpus), f"{what} {ident}"))
+    return plan
+
+
+def _threads(cfg: LaunchConfig, rank: int, plan: list[tuple[set[int], str]] | None) -> int:
+    if plan is None or cfg.bind_to == "core":
+        return threads_per_rank(cfg.nproc, cfg.bind_to)
+    cpus, where = plan[rank]
+    sharing = sum(1 for _, w in plan if w == where)
+    return max(1, len(cpus) // sharing)
+
+
 def rank_environment(cfg: LaunchConfig, rank: int, job: str, port: int, attempt: int = 0,
-                     base: dict[str, str] | None = None, secret: str | None = None) -> dict[str, str]:
+                     base: dict[str, str] | None = None, secret: str | None = None,
+                     plan: list[tuple[set[int], str]] | None = None) -> dict[str, str]:
     """The environment of ``rank``: ``base`` (default ``os.environ``) plus the torchrun variables
-    and, when given, the job's ``SHMCOMM_SECRET`` (one per attempt; see shmcomm.trust).
+    and, when given, the job's ``SHMCOMM_SECRET`` (one per attempt; see shmcomm.trust). ``plan``
+    is :func:`binding_plan`'s (computed when omitted), for ``OMP_NUM_THREADS``.
 
     Example::
 
@@ -263,7 +379,9 @@ def rank_environment(cfg: LaunchConfig, rank: int, job: str, port: int, attempt:
         env[trust.SECRET_ENV] = secret
     env.pop("TORCHELASTIC_ERROR_FILE", None)  # an outer launcher's file, not ours
     if "OMP_NUM_THREADS" not in env:
-        env["OMP_NUM_THREADS"] = str(threads_per_rank(n, cfg.bind_to))
+        if plan is None and cfg.bind_to in ("numa", "socket"):
+            plan = binding_plan(cfg)
+        env["OMP_NUM_THREADS"] = str(_threads(cfg, rank, plan))
     env.setdefault("PYTHONUNBUFFERED", "1")  # otherwise Python ranks' output arrives in bursts
     return env
 
@@ -275,74 +393,13 @@ def _signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-class _Console:
-    """Writes launcher and rank output to this process's stdout/stderr, whole lines at a time."""
-
-    def __init__(self) -> None:
-        self.broken = {1: False, 2: False}
-
-    def write(self, fd: int, data: bytes) -> None:
-        if not data or self.broken[fd]:
-            return
-        out = sys.stdout if fd == 1 else sys.stderr
-        try:
-            out.flush()
-            if hasattr(out, "buffer"):
-                out.buffer.write(data)
-                out.buffer.flush()
-            else:  # a text-only stream: a notebook's cell output (sc.spawn)
-                out.write(data.decode(errors="replace"))
-                out.flush()
-        except BrokenPipeError:
-            # e.g. `shmrun ... | head`: the supervisor stops the job, as SIGPIPE would stop a
-            # program writing there directly. Later writes (and Python's flush at exit) go to
-            # /dev/null instead of raising again.
-            self.broken[fd] = True
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, fd)
-            os.close(devnull)
-        except ValueError:  # closed stream
-            self.broken[fd] = True
-
-    def say(self, msg: str) -> None:
-        self.write(2, f"{PROG}: {msg}\n".encode(errors="replace"))
-
-
-class _Stream:
-    """One pipe of one rank: splits it into lines, prefixes them, tees the raw bytes to a log file."""
-
-    def __init__(self, console: _Console, fd: int, prefix: bytes, log, tail: collections.deque | None):
-        self.console, self.fd, self.prefix, self.log, self.tail = console, fd, prefix, log, tail
-        self.buf = b""
-
-    def feed(self, data: bytes) -> None:
-        if self.log is not None:
-            self.log.write(data)
-            self.log.flush()
-        self.buf += data
-        if b"\n" in self.buf:
-            head, _, self.buf = self.buf.rpartition(b"\n")
-            self._emit(head.split(b"\n"))
-        if len(self.buf) > _MAX_LINE:
-            self._emit([self.buf])
-            self.buf = b""
-
-    def close(self) -> None:
-        if self.buf:  # a last line without its newline still gets printed whole
-            self._emit([self.buf])
-            self.buf = b""
-
-    def _emit(self, lines: list[bytes]) -> None:
-        if self.tail is not None:
-            self.tail.extend(lines)
-        self.console.write(self.fd, b"".join(self.prefix + line + b"\n" for line in lines))
-
-
 @dataclass
 class _Rank:
     rank: int
     proc: subprocess.Popen
     tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
+    stderr_shown: bool = True       # its stderr went to the console as it came
+    stderr_log: str | None = None   # the log file of its stderr, if any
 
     @property
     def returncode(self) -> int | None:
@@ -356,6 +413,24 @@ class _Outcome:
     launcher_signal: int | None = None
     stopped: list[int] = field(default_factory=list)  # ranks still running when the job was stopped
     remote: Failure | None = None  # the failure on another node that stopped this one
+
+
+def _streams_of(spec: int | dict[int, int], rank: int) -> int:
+    return spec if isinstance(spec, int) else spec.get(rank, 0)
+
+
+def _on_console(cfg: LaunchConfig, rank: int, fd: int) -> bool:
+    """Whether stream ``fd`` (1 stdout, 2 stderr) of local rank ``rank`` is shown on the console."""
+    if cfg.local_ranks_filter is not None and rank not in cfg.local_ranks_filter:
+        return False
+    redirected = _streams_of(cfg.redirects, rank) & ~_streams_of(cfg.tee, rank)
+    return not redirected & fd
+
+
+def _who(cfg: LaunchConfig, rank: int) -> str:
+    if cfg.nnodes > 1:  # the global rank the program knows, and this node's local one
+        return f"rank {cfg.node_rank * cfg.nproc + rank} (local rank {rank})"
+    return f"rank {rank}"
 
 
 class _Supervisor:
@@ -383,16 +458,16 @@ class _Supervisor:
     def spawn(self) -> int | None:
         """Start every rank; returns an exit code when one could not even be started."""
         port = self.cfg.master_port or free_port()
-        cores = usable_cores()
+        plan = binding_plan(self.cfg)
         self.sel.register(self.wakeup_r, selectors.EVENT_READ, None)
         for r in range(self.cfg.nproc):
-            env = rank_environment(self.cfg, r, self.job, port, self.attempt, secret=self.secret)
+            env = rank_environment(self.cfg, r, self.job, port, self.attempt, secret=self.secret,
+                                   plan=plan)
             preexec = None
-            if self.cfg.bind_to == "core":
-                core = cores[r % len(cores)]
+            if plan is not None:
                 # Pinned before exec, so every thread the rank ever starts inherits the mask.
                 # preexec_fn is safe here: the launcher runs no other threads.
-                preexec = functools.partial(os.sched_setaffinity, 0, {core})
+                preexec = functools.partial(os.sched_setaffinity, 0, plan[r][0])
             try:
                 proc = subprocess.Popen(
                     self.cfg.command, env=env,
@@ -405,12 +480,21 @@ class _Supervisor:
                 self.console.say(f"cannot start rank {r}: {e}")
                 self.stop(signal.SIGTERM)
                 return 126 if isinstance(e, PermissionError) else 127
-            rk = _Rank(r, proc)
+            if self.cfg.report_bindings:
+                if plan is None:
+                    self.console.say(f"{_who(self.cfg, r)} (pid {proc.pid}) not bound: cpus "
+                                     f"{format_cpulist(usable_cores())}")
+                else:
+                    self.console.say(f"{_who(self.cfg, r)} (pid {proc.pid}) bound to {plan[r][1]}: "
+                                     f"cpus {format_cpulist(plan[r][0])}")
+            err_log = self.logs.get((r, 2))
+            rk = _Rank(r, proc, stderr_shown=_on_console(self.cfg, r, 2),
+                       stderr_log=err_log.path if err_log is not None else None)
             self.ranks.append(rk)
             prefix = f"[{r}] ".encode() if self.cfg.prefix else b""
             for pipe, fd, tail in ((proc.stdout, 1, None), (proc.stderr, 2, rk.tail)):
-                log = self.logs.get((r, fd))
-                stream = _Stream(self.console, fd, prefix, log, tail)
+                stream = _Stream(self.console, fd, prefix, self.logs.get((r, fd)), tail,
+                                 show=_on_console(self.cfg, r, fd), timestamp=self.cfg.timestamp)
                 self.streams[pipe.fileno()] = stream
                 self.sel.register(pipe.fileno(), selectors.EVENT_READ, pipe)
         return None
@@ -450,6 +534,9 @@ class _Supervisor:
         return _Outcome(0)
 
     def _pump(self, timeout: float) -> None:
+        due = min((d for d in (s.due() for s in self.streams.values()) if d is not None), default=None)
+        if due is not None:
+            timeout = max(0.0, min(timeout, due - time.monotonic()))
         for key, _ in self.sel.select(timeout):
             if key.data is None:  # the signal wake-up pipe: its bytes only served to wake us
                 try:
@@ -467,6 +554,11 @@ class _Supervisor:
                 self.streams[fd].feed(data)
             else:
                 self._close_stream(fd, key.data)
+        now = time.monotonic()  # after reading, so a line whose end has arrived is shown whole
+        for stream in self.streams.values():
+            due = stream.due()
+            if due is not None and due <= now:
+                stream.flush()
 
     def _close_stream(self, fd: int, pipe) -> None:
         self.sel.unregister(fd)
@@ -633,15 +725,54 @@ def _become_subreaper() -> None:
         pass
 
 
-def _open_logs(cfg: LaunchConfig, console: _Console) -> dict:
-    logs = {}
-    if cfg.log_dir is None:
-        return logs
+class _Log:
+    """One rank's log file of one stream: the raw bytes, written as they come."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.file = os.fdopen(trust.open_private_output(path, "log file"), "wb")
+
+    def write(self, data: bytes) -> None:
+        self.file.write(data)
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _make_run_dir(cfg: LaunchConfig) -> str:
+    """DIR/<run id>: a new private directory for this invocation of shmrun (never an earlier
+    run's), named by its start time and pid (and node on several nodes)."""
     os.makedirs(cfg.log_dir, exist_ok=True)
-    for r in range(cfg.nproc):
-        for fd, ext in ((1, "out"), (2, "err")):
-            path = os.path.join(cfg.log_dir, f"rank{r}.{ext}")
-            logs[(r, fd)] = os.fdopen(trust.open_private_output(path, "log file"), "wb")
+    base = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    if cfg.nnodes > 1:
+        base += f"-node{cfg.node_rank}"
+    for i in range(1000):
+        path = os.path.join(cfg.log_dir, base if i == 0 else f"{base}.{i}")
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            continue  # an earlier run (or anything else) has that name: never reuse it
+        return path
+    raise FileExistsError(errno.EEXIST, f"no free run directory name under {cfg.log_dir}")
+
+
+def _open_logs(cfg: LaunchConfig, run_dir: str | None, attempt: int) -> dict:
+    logs: dict = {}
+    if run_dir is None:
+        return logs
+    attempt_dir = os.path.join(run_dir, f"attempt_{attempt}")
+    os.mkdir(attempt_dir, 0o700)
+    try:
+        for r in range(cfg.nproc):
+            for fd, ext in ((1, "out"), (2, "err")):
+                logs[(r, fd)] = _Log(os.path.join(attempt_dir, f"rank{r}.{ext}"))
+    except BaseException:
+        for f in logs.values():
+            f.close()
+        raise
     return logs
 
 
@@ -664,17 +795,25 @@ def _summarize(console: _Console, outcome: _Outcome, cfg: LaunchConfig) -> None:
     rk = outcome.failed
     if rk is None:
         return
-    who = f"rank {rk.rank}"
-    if cfg.nnodes > 1:  # the global rank the program knows, and this node's local one
-        who = f"rank {cfg.node_rank * cfg.nproc + rk.rank} (local rank {rk.rank})"
-    console.say(f"{who} (pid {rk.proc.pid}) failed with {_how(rk.returncode)}")
+    console.say(f"{_who(cfg, rk.rank)} (pid {rk.proc.pid}) failed with {_how(rk.returncode)}")
     if outcome.stopped:
         console.say(f"stopped the other running rank(s): {', '.join(map(str, outcome.stopped))}")
-    if rk.tail:
-        console.say(f"last {len(rk.tail)} line(s) of rank {rk.rank} stderr:")
-        console.write(2, b"".join(b"    " + line + b"\n" for line in rk.tail))
-    else:
+    if not rk.tail:
         console.say(f"rank {rk.rank} wrote nothing to stderr")
+    elif rk.stderr_shown and not console.broken[2]:
+        # Shown live already: repeating it would print the same traceback twice.
+        prefixed = f" (the lines prefixed [{rk.rank}])" if cfg.prefix else ""
+        logged = f"; also in {rk.stderr_log}" if rk.stderr_log else ""
+        console.say(f"rank {rk.rank}'s stderr is above{prefixed}{logged}")
+    else:
+        if cfg.local_ranks_filter is not None and rk.rank not in cfg.local_ranks_filter:
+            why = "not shown above: --local-ranks-filter"
+        else:
+            why = "redirected"
+        if rk.stderr_log:
+            why += f"; all of it is in {rk.stderr_log}"
+        console.say(f"last {len(rk.tail)} line(s) of rank {rk.rank} stderr ({why}):")
+        console.write(2, b"".join(b"    " + line + b"\n" for line in rk.tail))
 
 
 def launch(cfg: LaunchConfig) -> int:
@@ -696,6 +835,10 @@ def run_job(cfg: LaunchConfig) -> _Outcome:
         if outcome.failed is not None: print(outcome.failed.rank)
     """
     console = _Console()
+    run_dir = None
+    if cfg.log_dir is not None:
+        run_dir = _make_run_dir(cfg)
+        console.say(f"writing the ranks' output to {run_dir}/attempt_<k>/rank<r>.out|.err")
     pending: list[int] = []
     wakeup_r, wakeup_w = os.pipe()
     os.set_blocking(wakeup_r, False)
@@ -707,16 +850,20 @@ def run_job(cfg: LaunchConfig) -> _Outcome:
     # A handler (even one doing nothing) makes SIGCHLD write to the wake-up pipe: exits are seen
     # at once, which also keeps "which rank failed first" accurate.
     old_handlers[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda s, _f: None)
-    logs = _open_logs(cfg, console)
     link = None
-    if cfg.nnodes > 1:
-        link = NodeLink(cfg.nnodes, cfg.node_rank, cfg.master_addr, cfg.master_port + 1,
-                        wake=functools.partial(_wake, wakeup_w))
-        link.start()
     try:
+        if cfg.nnodes > 1:
+            link = NodeLink(cfg.nnodes, cfg.node_rank, cfg.master_addr, cfg.master_port + 1,
+                            wake=functools.partial(_wake, wakeup_w))
+            link.start()
         attempt = 0
         while True:
-            outcome = _Supervisor(cfg, console, logs, wakeup_r, pending, attempt, link).run()
+            logs = _open_logs(cfg, run_dir, attempt)
+            try:
+                outcome = _Supervisor(cfg, console, logs, wakeup_r, pending, attempt, link).run()
+            finally:
+                for f in logs.values():
+                    f.close()
             if link is not None:
                 link.finish(ok=outcome.code == 0)
                 if outcome.code == 0 and link.news:  # a node failed after this one's ranks ended
@@ -732,13 +879,13 @@ def run_job(cfg: LaunchConfig) -> _Outcome:
     finally:
         if link is not None:
             link.close()
-        for f in logs.values():
-            f.close()
         for signum, handler in old_handlers.items():
             signal.signal(signum, handler)
         signal.set_wakeup_fd(old_wakeup)
         os.close(wakeup_r)
         os.close(wakeup_w)
+
+
 
 
 def _wake(fd: int) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from shmcomm import segments
+from shmcomm import cpus as cpu_topology, segments
 
 SCRIPTS = Path(__file__).parent / "launcher_scripts"
 LAUNCH = [sys.executable, "-m", "shmcomm.launch"]
@@ -60,10 +60,10 @@ def shmrun(*args: str, timeout: float = 30, env: dict | None = None) -> subproce
 
 
 @contextlib.contextmanager
-def launcher(args: list[str], env: dict | None = None):
+def launcher(args: list[str], env: dict | None = None, stdin=None, stderr=subprocess.PIPE):
     """Start shmrun with piped output; it is killed if the test leaves the block early."""
-    proc = subprocess.Popen([*LAUNCH, *args], cwd=SCRIPTS, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([*LAUNCH, *args], cwd=SCRIPTS, env=env, stdin=stdin,
+                            stdout=subprocess.PIPE, stderr=stderr)
     _launcher_pids.append(proc.pid)
     try:
         yield proc
@@ -182,7 +182,10 @@ def test_failing_rank_stops_the_others(pid_dir):
     assert elapsed < 15  # the other ranks sleep 60 s: they were stopped, not waited for
     err = res.stderr.decode()
     assert f"rank 1 (pid {pids['rank1']}) failed with exit code 3" in err
-    assert "    rank 1 is failing on purpose" in err  # the tail of its stderr in the summary
+    # its stderr was shown live: the summary points there instead of printing it a second time
+    assert "[1] rank 1 is failing on purpose\n" in err
+    assert err.count("rank 1 is failing on purpose") == 1, err
+    assert "rank 1's stderr is above (the lines prefixed [1])" in err
     assert "stopped the other running rank(s): 0, 2" in err
     assert len(pids) == 3
     assert_all_dead(pids)
@@ -273,16 +276,53 @@ def test_no_restart_without_the_flag(tmp_path):
     assert b"restarting" not in res.stderr
 
 
+def run_dir_of(logs: Path, stderr: bytes) -> Path:
+    """The one run directory under ``logs``, checked against the one shmrun announced."""
+    runs = os.listdir(logs)
+    assert len(runs) == 1, runs
+    run = logs / runs[0]
+    assert stderr.count(b"writing the ranks' output to ") == 1, stderr
+    assert f"writing the ranks' output to {run}/attempt_<k>/".encode() in stderr, stderr
+    return run
+
+
 @pytest.mark.timeout(30)
 def test_log_dir(tmp_path):
     logs = tmp_path / "logs"
     res = shmrun("-n", "2", "--log-dir", str(logs), "env_report.py")
     assert res.returncode == 0, res.stderr
-    assert sorted(os.listdir(logs)) == ["rank0.err", "rank0.out", "rank1.err", "rank1.out"]
+    run = run_dir_of(logs, res.stderr)
+    assert re.fullmatch(r"\d{8}-\d{6}-\d+", run.name)  # start time and shmrun's pid
+    assert os.listdir(run) == ["attempt_0"]
+    files = run / "attempt_0"
+    assert sorted(os.listdir(files)) == ["rank0.err", "rank0.out", "rank1.err", "rank1.out"]
     for r in (0, 1):
-        assert json.loads((logs / f"rank{r}.out").read_text())["RANK"] == str(r)  # no prefix in files
-        assert (logs / f"rank{r}.err").read_text() == f"rank {r} on stderr\n"
+        assert json.loads((files / f"rank{r}.out").read_text())["RANK"] == str(r)  # no prefix in files
+        assert (files / f"rank{r}.err").read_text() == f"rank {r} on stderr\n"
+        for ext in ("out", "err"):
+            assert (files / f"rank{r}.{ext}").stat().st_mode & 0o777 == 0o600
+    for d in (run, files):
+        assert d.stat().st_mode & 0o077 == 0  # private
     assert sorted(reports(res.stdout)) == [0, 1]  # the console still gets everything
+
+
+@pytest.mark.timeout(30)
+def test_log_dir_keeps_every_run_and_attempt(tmp_path):
+    logs, marker = tmp_path / "logs", tmp_path / "failed-once"
+    res = shmrun("-n", "2", "--log-dir", str(logs), "--max-restarts", "1", "fail_once.py", str(marker))
+    assert res.returncode == 0, res.stderr
+    run = run_dir_of(logs, res.stderr)
+    assert sorted(os.listdir(run)) == ["attempt_0", "attempt_1"]
+    assert (run / "attempt_0" / "rank1.err").read_text() == "first attempt fails\n"
+    assert (run / "attempt_1" / "rank1.err").read_text() == ""
+    assert (run / "attempt_1" / "rank1.out").read_text().startswith("ok attempt=1 ")
+    # a second run gets its own directory and leaves the first one's files alone
+    res = shmrun("-n", "2", "--log-dir", str(logs), "fail_once.py", str(marker))
+    assert res.returncode == 0, res.stderr
+    second = [logs / name for name in os.listdir(logs) if logs / name != run]
+    assert len(second) == 1 and os.listdir(second[0]) == ["attempt_0"]
+    assert (run / "attempt_0" / "rank1.err").read_text() == "first attempt fails\n"
+    assert (second[0] / "attempt_0" / "rank1.out").read_text().startswith("ok attempt=0 ")
 
 
 @pytest.mark.timeout(30)
@@ -403,7 +443,17 @@ def test_unchanged_torch_gloo_script():
     (["-n", "2"], "no program given"),
     ([], "required: -n"),
     (["-n", "2", "-m"], "-m needs a module name"),
-    (["-n", "2", "--bind-to", "socket", "env_report.py"], "invalid choice"),
+    (["-n", "2", "--bind-to", "l3cache", "env_report.py"], "invalid choice"),
+    (["-n", "several", "env_report.py"], "'auto' for one per usable core"),
+    (["-n", "2", "--redirects", "3", "env_report.py"], "--redirects needs --log-dir"),
+    (["-n", "2", "-t", "1", "env_report.py"], "--tee needs --log-dir"),
+    (["-n", "2", "--log-dir", "x", "-r", "4", "env_report.py"], "invalid value '4'"),
+    (["-n", "2", "--log-dir", "x", "--tee", "0:1,2:3", "env_report.py"], "names local rank(s) [2]"),
+    (["-n", "2", "--local-ranks-filter", "0,5", "env_report.py"], "names local rank(s) [5]"),
+    (["-n", "2", "--local-ranks-filter", "one", "env_report.py"], "expected local ranks"),
+    (["-n", "2", "--standalone", "--nnodes", "2", "--master-port", "29500", "env_report.py"],
+     "--standalone runs one node"),
+    (["-n", "2", "--standalone", "--master-port", "29500", "env_report.py"], "drop --master-addr"),
     (["-n", "2", "--grace", "-1", "env_report.py"], "--grace must be >= 0"),
     (["-n", "2", "--max-restarts", "-1", "env_report.py"], "--max-restarts must be >= 0"),
 ])
@@ -440,3 +490,286 @@ def test_several_nodes_get_torchruns_environment(capsys):
         with pytest.raises(SystemExit):
             parse_args(["-n", "1", *bad])
         assert message in capsys.readouterr().err
+
+
+# -- live output: unfinished lines, prompts, progress bars --------------------------------------
+
+class Reader:
+    """Reads shmrun's stdout as it comes, so a test can see what arrived before a rank went on."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc, self.out = proc, b""
+        self.fd = proc.stdout.fileno()
+
+    def until(self, needle: bytes, timeout: float = 15) -> bytes:
+        import selectors
+        deadline = time.monotonic() + timeout
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.fd, selectors.EVENT_READ)
+            while needle not in self.out:
+                left = deadline - time.monotonic()
+                assert left > 0, f"{needle!r} did not arrive; got {self.out!r}"
+                if sel.select(left):
+                    data = os.read(self.fd, 65536)
+                    assert data, f"shmrun ended before {needle!r}: {self.out!r} {self.proc.communicate()}"
+                    self.out += data
+        return self.out
+
+    def finish(self, timeout: float = 15) -> tuple[bytes, bytes]:
+        out, err = self.proc.communicate(timeout=timeout)
+        self.out += out
+        return self.out, err
+
+
+def touch(d: Path, name: str) -> None:
+    (d / name).write_text("")
+
+
+@pytest.mark.timeout(30)
+def test_unfinished_line_is_shown_live(tmp_path):
+    """\\r progress without a newline reaches the console while the rank is still working."""
+    with launcher(["-n", "1", "steps.py", str(tmp_path), "0/out:\\rstep 0", "0/wait:go",
+                   "0/out:\\rstep 1", "0/wait:go2", "0/out:\\n"]) as proc:
+        reader = Reader(proc)
+        start = time.monotonic()
+        out = reader.until(b"step 0")
+        assert time.monotonic() - start < 10
+        assert proc.poll() is None and b"step 1" not in out  # the rank waits for us: it was live
+        touch(tmp_path, "go")
+        reader.until(b"step 1")  # the rest of the line follows at once, still without a newline
+        assert proc.poll() is None
+        touch(tmp_path, "go2")
+        out, err = reader.finish()
+    assert proc.returncode == 0, err
+    # the prefix is written at the line start and again after each \r, so the bar keeps it
+    assert out == b"\r[0] step 0\r[0] step 1\n"
+
+
+@pytest.mark.timeout(30)
+def test_a_line_growing_faster_than_the_hold_is_still_shown_live(tmp_path):
+    """Dots 30 ms apart: the unfinished line is shown 0.1 s after its first piece, not held on
+    for as long as more pieces keep coming."""
+    with launcher(["-n", "1", "steps.py", str(tmp_path), "0/dots:go", "0/out:\\n"]) as proc:
+        reader = Reader(proc)
+        reader.until(b"[0] .")
+        assert proc.poll() is None
+        touch(tmp_path, "go")
+        out, err = reader.finish()
+    assert proc.returncode == 0, err
+    assert re.fullmatch(rb"\[0\] \.+\n", out), out  # one line, prefixed once
+
+
+@pytest.mark.timeout(30)
+def test_prompt_is_shown_before_the_answer(tmp_path):
+    with launcher(["-n", "2", "steps.py", str(tmp_path), "0/input:prompt> "],
+                  stdin=subprocess.PIPE) as proc:
+        reader = Reader(proc)
+        out = reader.until(b"[0] prompt> ")
+        assert b"got" not in out
+        proc.stdin.write(b"yes\n")
+        proc.stdin.flush()  # communicate() closes it
+        out, err = reader.finish()
+    assert proc.returncode == 0, err
+    assert out == b"[0] prompt> got yes\n"  # the answer's newline was the terminal's echo
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("steps,stderr,rank0_shows,rank1_shows,expected", [
+    # rank 1's line starts a line of its own; rank 0's own newline, arriving later, only ends
+    # the line shmrun already ended, so it adds no empty line
+    (["0/out:partial-0", "0/wait:go2", "0/out:\\nmore\\n", "1/wait:go1", "1/out:line-1\\n"],
+     subprocess.PIPE, b"[0] partial-0", b"line-1\n", b"[0] partial-0\n[1] line-1\n[0] more\n"),
+    # with 2>&1 (or a terminal) stdout and stderr share the console's line
+    (["0/out:working...", "0/wait:go2", "0/out: done\\n", "1/wait:go1", "1/err:warning-1\\n"],
+     subprocess.STDOUT, b"[0] working...", b"warning-1\n", b"[0] working...\n[1] warning-1\n[0]  done\n"),
+], ids=["another-rank", "other-stream-on-one-console"])
+def test_other_output_ends_an_unfinished_line_first(tmp_path, steps, stderr, rank0_shows, rank1_shows,
+                                                     expected):
+    with launcher(["-n", "2", "steps.py", str(tmp_path), *steps], stderr=stderr) as proc:
+        reader = Reader(proc)
+        reader.until(rank0_shows)
+        touch(tmp_path, "go1")
+        reader.until(rank1_shows)
+        touch(tmp_path, "go2")
+        out, err = reader.finish()
+    assert proc.returncode == 0, err or out
+    assert out == expected
+
+
+@pytest.mark.timeout(30)
+def test_last_unfinished_line_is_ended_and_in_the_summary(tmp_path):
+    res = shmrun("-n", "2", "--no-prefix", "steps.py", str(tmp_path), "1/err:no newline",
+                 "1/exit:4", "0/out:a\\rb")
+    assert res.returncode == 4
+    assert res.stdout == b"a\rb\n"
+    assert res.stderr.startswith(b"no newline\n"), res.stderr  # ended before the summary
+    assert b"rank 1's stderr is above\n" in res.stderr
+
+
+# -- torchrun's spellings -------------------------------------------------------------------------
+
+@pytest.mark.timeout(30)
+def test_standalone_and_nproc_auto():
+    cores = len(os.sched_getaffinity(0))
+    res = shmrun("--standalone", "--nproc_per_node", "auto", "env_report.py")
+    assert res.returncode == 0, res.stderr
+    rep = reports(res.stdout)
+    assert sorted(rep) == list(range(cores))
+    assert all(r["WORLD_SIZE"] == str(cores) and r["MASTER_ADDR"] == "127.0.0.1" for r in rep.values())
+    assert len({r["MASTER_PORT"] for r in rep.values()}) == 1
+
+
+def test_torchrun_spellings_parse():
+    from shmcomm.launch import parse_args, usable_cores
+
+    cores = len(usable_cores())
+    assert parse_args(["-n", "auto", "true"]).nproc == cores
+    assert parse_args(["--nproc-per-node=auto", "true"]).nproc == cores
+    cfg = parse_args(["-n", "3", "--log_dir", "d", "-r3", "-t", "0:1,2:3", "--max_restarts", "1",
+                      "--local_ranks_filter", "0,2", "true", "-r", "x"])
+    assert cfg.log_dir == "d" and cfg.max_restarts == 1
+    assert cfg.redirects == 3 and cfg.tee == {0: 1, 2: 3}
+    assert cfg.local_ranks_filter == {0, 2}
+    assert cfg.command == ["true", "-r", "x"]  # the program's own -r is left alone
+    cfg = parse_args(["-n", "1", "--standalone", "true"])
+    assert cfg.master_addr == "127.0.0.1" and cfg.master_port is None
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("flags, console_out, console_err", [
+    (["--redirects", "1"], [], [0, 1]),
+    (["-r", "3", "-t", "0:2"], [], [0]),             # tee wins over redirect: rank 0's stderr
+    (["--redirects", "0:3,1:2", "--tee", "0"], [1], []),
+    (["--tee", "3"], [0, 1], [0, 1]),                 # what --log-dir does anyway
+])
+def test_tee_and_redirects(tmp_path, flags, console_out, console_err):
+    logs = tmp_path / "logs"
+    res = shmrun("-n", "2", "--log-dir", str(logs), *flags, "env_report.py")
+    assert res.returncode == 0, res.stderr
+    assert sorted(by_rank(res.stdout)) == console_out
+    err = b"".join(ln + b"\n" for ln in res.stderr.splitlines() if not ln.startswith(b"shmrun: "))
+    assert sorted(by_rank(err)) == console_err
+    files = run_dir_of(logs, res.stderr) / "attempt_0"
+    for r in (0, 1):  # the log files get every stream
+        assert json.loads((files / f"rank{r}.out").read_text())["RANK"] == str(r)
+        assert (files / f"rank{r}.err").read_text() == f"rank {r} on stderr\n"
+
+
+@pytest.mark.timeout(30)
+def test_local_ranks_filter(tmp_path):
+    logs = tmp_path / "logs"
+    res = shmrun("-n", "3", "--local-ranks-filter", "0,2", "--log-dir", str(logs), "env_report.py")
+    assert res.returncode == 0, res.stderr
+    assert sorted(reports(res.stdout)) == [0, 2]
+    err = [ln for ln in res.stderr.splitlines() if not ln.startswith(b"shmrun: ")]
+    assert sorted(err) == [b"[0] rank 0 on stderr", b"[2] rank 2 on stderr"]
+    files = run_dir_of(logs, res.stderr) / "attempt_0"
+    assert json.loads((files / "rank1.out").read_text())["RANK"] == "1"
+    assert (files / "rank1.err").read_text() == "rank 1 on stderr\n"
+
+
+@pytest.mark.timeout(30)
+def test_summary_repeats_the_stderr_that_was_not_shown(pid_dir, tmp_path):
+    res = shmrun("-n", "3", "--grace", "2", "--local-ranks-filter", "0", "fail_rank.py",
+                 str(pid_dir), "1", "3")
+    assert res.returncode == 3, res.stderr
+    err = res.stderr.decode()
+    assert re.search(r"rank 1 \(pid \d+\) failed with exit code 3", err), err
+    assert "last 1 line(s) of rank 1 stderr (not shown above: --local-ranks-filter):\n" \
+           "    rank 1 is failing on purpose\n" in err
+    assert "[1] " not in err
+    assert_all_dead(read_pids(pid_dir))
+
+    logs = tmp_path / "logs"
+    res = shmrun("-n", "2", "--log-dir", str(logs), "-r", "1:2", "steps.py", str(tmp_path),
+                 "1/err:Traceback\\n  boom\\nValueError", "1/exit:5")
+    assert res.returncode == 5
+    log = run_dir_of(logs, res.stderr) / "attempt_0" / "rank1.err"
+    assert log.read_text() == "Traceback\n  boom\nValueError"
+    assert (f"last 3 line(s) of rank 1 stderr (redirected; all of it is in {log}):\n"
+            "    Traceback\n      boom\n    ValueError\n") in res.stderr.decode()
+
+
+# -- timestamps and bindings ----------------------------------------------------------------------
+
+@pytest.mark.timeout(30)
+def test_timestamp_output():
+    from datetime import datetime
+
+    before = datetime.now().replace(microsecond=0)
+    res = shmrun("-n", "2", "--timestamp-output", "sh", "-c", "echo hi; echo there >&2")
+    after = datetime.now()
+    assert res.returncode == 0, res.stderr
+    stamp = rb"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3})\] "
+    for stream, word in ((res.stdout, b"hi"), (res.stderr, b"there")):
+        lines = stream.splitlines()
+        assert len(lines) == 2
+        for line in lines:
+            m = re.fullmatch(stamp + rb"\[[01]\] " + word, line)
+            assert m, line
+            assert before <= datetime.strptime(m.group(1).decode(), "%Y-%m-%d %H:%M:%S.%f") <= after
+    res = shmrun("-n", "1", "--timestamp-output", "--no-prefix", "sh", "-c", "echo hi")
+    assert re.fullmatch(stamp + rb"hi\n", res.stdout), res.stdout
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", ["numa", "socket"])
+def test_bind_to_numa_or_socket_with_report(kind):
+    from shmcomm.launch import cpu_domains
+
+    res = shmrun("-n", "3", "--bind-to", kind, "--report-bindings", "env_report.py")
+    assert res.returncode == 0, res.stderr
+    domains = cpu_domains(kind)
+    assert sorted(c for _, cpus in domains for c in cpus) == sorted(os.sched_getaffinity(0))
+    what = {"numa": "numa node", "socket": "socket"}[kind]
+    for rank, r in reports(res.stdout).items():
+        ident, cpus = domains[rank % len(domains)]
+        assert r["affinity"] == cpus  # on one node/socket: every usable core
+        sharing = len(range(rank % len(domains), 3, len(domains)))
+        assert r["OMP_NUM_THREADS"] == str(max(1, len(cpus) // sharing))
+        listed = ",".join(str(c) for c in cpus) if len(cpus) < 2 else None
+        m = re.search(rf"shmrun: rank {rank} \(pid \d+\) bound to {what} {ident}: cpus (\S+)\n".encode(),
+                      res.stderr)
+        assert m, res.stderr
+        assert listed is None or m.group(1).decode() == listed
+
+
+@pytest.mark.timeout(30)
+def test_report_bindings_core_and_none():
+    cores = sorted(os.sched_getaffinity(0))
+    res = shmrun("-n", "2", "--bind-to", "core", "--report-bindings", "true")
+    assert res.returncode == 0, res.stderr
+    for r in (0, 1):
+        c = cores[r % len(cores)]
+        assert re.search(rf"rank {r} \(pid \d+\) bound to core {c}: cpus {c}\n".encode(), res.stderr)
+    res = shmrun("-n", "1", "--report-bindings", "true")
+    assert re.search(rb"rank 0 \(pid \d+\) not bound: cpus \S+\n", res.stderr), res.stderr
+
+
+def test_cpu_domains_from_sysfs(tmp_path, monkeypatch):
+    from shmcomm import launch
+
+    for node, cpus in ((0, "0-1,4"), (1, "2-3,5")):
+        d = tmp_path / "devices/system/node" / f"node{node}"
+        d.mkdir(parents=True)
+        (d / "cpulist").write_text(cpus + "\n")
+    for cpu, package in enumerate([0, 0, 1, 1, 0, 1]):
+        d = tmp_path / "devices/system/cpu" / f"cpu{cpu}" / "topology"
+        d.mkdir(parents=True)
+        (d / "physical_package_id").write_text(f"{package}\n")
+    every = list(range(6))
+    assert launch.cpu_domains("numa", every, str(tmp_path)) == [(0, [0, 1, 4]), (1, [2, 3, 5])]
+    assert launch.cpu_domains("socket", every, str(tmp_path)) == [(0, [0, 1, 4]), (1, [2, 3, 5])]
+    assert launch.cpu_domains("numa", [2, 3], str(tmp_path)) == [(1, [2, 3])]  # only usable ones
+    assert launch.cpu_domains("core", [1, 3], str(tmp_path)) == [(1, [1]), (3, [3])]
+    assert launch.cpu_domains("numa", [0, 1], str(tmp_path / "none")) == [(0, [0, 1])]  # no sysfs
+    assert cpu_topology.format_cpulist([0, 1, 2, 3, 8, 10, 11]) == "0-3,8,10-11"
+    assert cpu_topology.parse_cpulist("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
+
+    # rank r gets group r mod #groups; OMP_NUM_THREADS shares a group's cores among its ranks
+    monkeypatch.setattr(launch, "cpu_domains", lambda kind: [(0, [0, 1]), (1, [2, 3])])
+    cfg = launch.parse_args(["-n", "3", "--bind-to", "numa", "true"])
+    plan = launch.binding_plan(cfg)
+    assert plan == [({0, 1}, "numa node 0"), ({2, 3}, "numa node 1"), ({0, 1}, "numa node 0")]
+    threads = [launch.rank_environment(cfg, r, "j", 1, base={})["OMP_NUM_THREADS"] for r in range(3)]
+    assert threads == ["1", "2", "1"]
