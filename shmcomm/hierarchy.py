@@ -205,6 +205,8 @@ class HierarchicalComm:
         self.topology, self.rank, self.size = topology, rank, len(topology.hosts)
         self._local, self._rail, self._world = local, rail, world
         self._node, self._l = topology.node_of[rank], topology.local_of[rank]
+        # build() makes a hierarchy only for ranks on two nodes or more, so every rank has a
+        # rail partner (M >= 2); one node is a plain shared-memory group
         self._L, self._M = len(topology.nodes[self._node]), len(topology.nodes)
         self._flat = not topology.even  # no rail layout: everything over the world link
         if topology.even:
@@ -238,34 +240,37 @@ class HierarchicalComm:
 
     def _all_reduce(self, t, op: int, factor: float) -> None:
         cross = _SUM if op in (_AVG, _PREMUL) else op
+        local = _SUM if op == _AVG else op
         if self._flat:
             if op == _PREMUL:
                 t.mul_(factor)
             self._world.all_reduce(t, cross)
+        elif t.numel() * t.element_size() <= SMALL_BYTES:
+            self._all_reduce_by_leaders(t, local, cross, factor)
         else:
-            local = _SUM if op == _AVG else op
-            n, L = t.numel(), self._L
-            if n * t.element_size() <= SMALL_BYTES or n < L:
-                # latency-bound: only each node's leader crosses, on its rail; fewer ranks on
-                # the network beat spreading small pieces over every rail
-                self._local.reduce(t, 0, local, False, factor)
-                if self._M > 1 and self._l == 0:
-                    self._rail.all_reduce(t, cross)
-                self._local.broadcast(t, 0, False)
-                if op == _AVG:
-                    _divide(t, self.size)
-                return
-            piece = -(-n // L)
-            buf = t if n == piece * L else _padded(t, piece * L)
-            shard = buf[self._l * piece:(self._l + 1) * piece]
-            self._local.reduce_scatter_into(shard, buf, local, False, factor)
-            if self._M > 1:
-                self._rail.all_reduce(shard, cross)
-            self._local.all_gather_into(buf, shard)
-            if buf is not t:
-                t.copy_(buf[:n])
+            self._all_reduce_by_shards(t, local, cross, factor)
         if op == _AVG:
             _divide(t, self.size)
+
+    def _all_reduce_by_leaders(self, t, local: int, cross: int, factor: float) -> None:
+        """Latency-bound sizes: only each node's local rank 0 crosses, along rail 0; fewer ranks
+        on the network beat spreading small pieces over every rail."""
+        self._local.reduce(t, 0, local, False, factor)
+        if self._l == 0:
+            self._rail.all_reduce(t, cross)
+        self._local.broadcast(t, 0, False)
+
+    def _all_reduce_by_shards(self, t, local: int, cross: int, factor: float) -> None:
+        """Reduce-scatter inside the node, each shard along its rail, all-gather inside."""
+        n, L = t.numel(), self._L
+        piece = -(-n // L)
+        buf = t if n == piece * L else _padded(t, piece * L)
+        shard = buf[self._l * piece:(self._l + 1) * piece]
+        self._local.reduce_scatter_into(shard, buf, local, False, factor)
+        self._rail.all_reduce(shard, cross)
+        self._local.all_gather_into(buf, shard)
+        if buf is not t:
+            t.copy_(buf[:n])
 
     def reduce(self, array, dst: int, op: int = _SUM, async_op: bool = False, factor: float = 1.0):
         """Reduce into ``array`` of rank ``dst``; other ranks' arrays are unchanged."""
@@ -310,10 +315,7 @@ class HierarchicalComm:
             blocks = torch.index_select(inp.view(self.size, piece), 0, self._by_rail).view(-1)
             mid = torch.empty(self._M * piece, dtype=out.dtype)
             self._local.reduce_scatter_into(mid, blocks, _SUM if op == _AVG else op, False, factor)
-            if self._M > 1:
-                self._rail.reduce_scatter_into(out, mid, cross)
-            else:
-                out.copy_(mid)
+            self._rail.reduce_scatter_into(out, mid, cross)
         if op == _AVG:
             _divide(out, self.size)
 
@@ -327,7 +329,7 @@ class HierarchicalComm:
         if self._flat:
             return self._world.broadcast(t, src)
         source_local = self.topology.local_of[src]
-        if self._M > 1 and self._l == source_local:
+        if self._l == source_local:
             self._rail.broadcast(t, self.topology.node_of[src])
         self._local.broadcast(t, source_local)
 
@@ -361,10 +363,8 @@ class HierarchicalComm:
         if self._flat:
             return self._world.all_gather_into(out, t)
         piece = t.numel()
-        along_rail = t
-        if self._M > 1:
-            along_rail = torch.empty(self._M * piece, dtype=t.dtype)
-            self._rail.all_gather_into(along_rail, t)
+        along_rail = torch.empty(self._M * piece, dtype=t.dtype)
+        self._rail.all_gather_into(along_rail, t)
         node = torch.empty(self._L * self._M * piece, dtype=t.dtype)
         self._local.all_gather_into(node, along_rail)
         torch.index_select(node.view(self._L * self._M, piece), 0, self._node_major,
@@ -416,7 +416,7 @@ class HierarchicalComm:
         if self._flat:
             return self._world.barrier()
         self._local.barrier()
-        if self._M > 1 and self._l == 0:
+        if self._l == 0:
             self._rail.barrier()
         self._local.barrier()
 
@@ -471,13 +471,14 @@ class HierarchicalGroup(ProcessGroup):
         pg.all_reduce(x); print(pg.rank, pg.size, pg.topology.nodes)
     """
 
-    def __init__(self, comm: HierarchicalComm, node: ProcessGroup, name: str):
+    def __init__(self, comm: HierarchicalComm, node: ProcessGroup, name: str, meeting: tuple):
         # not ProcessGroup.__init__: the node group owns the segment, its queue and its rings;
         # this group queues its operations there (point to point goes between nodes instead)
         self._comm, self._p2p = node._comm, node._p2p
         self._global_ranks, self._name = list(range(comm.size)), name
         self._subgroups, self._destroyed = 0, False
         self.comm, self.node, self.topology = comm, node, comm.topology
+        self._meeting = meeting  # (store, key, label, node secret, secret_fn): sub-groups meet there
         group_registry.add(self)
 
     @property
@@ -637,9 +638,7 @@ def build(store, rank: int, size: int, timeout: float, key: str, label: str, sec
         node.destroy()
         raise
     hcomm = HierarchicalComm(topology, rank, comm, rail, world)
-    group = HierarchicalGroup(hcomm, node, f"{label}.h")
-    group._meeting = (store, key, label, secret, secret_fn)  # for sub-groups (new_group)
-    return group
+    return HierarchicalGroup(hcomm, node, f"{label}.h", (store, key, label, secret, secret_fn))
 
 
 def init_multinode(rank: int, size: int, job: str, timeout: float) -> HierarchicalGroup:
