@@ -15,15 +15,17 @@ from __future__ import annotations
 # The array collectives are compiled (shmcomm._core, src_cython/group_core.pxi): a Python
 # wrapper here would cost more than an 8-byte collective itself.
 from shmcomm._core import (  # noqa: F401
-    all_gather, all_gather_into, all_reduce, all_to_all, all_to_all_single, barrier, broadcast,
-    gather, recv, reduce, reduce_scatter, reduce_scatter_into, scatter, send,
+    all_gather, all_gather_into, all_gather_v, all_reduce, all_to_all, all_to_all_single, barrier,
+    broadcast, gather, gather_v, recv, reduce, reduce_scatter, reduce_scatter_into,
+    reduce_scatter_v, scatter, scatter_v, send,
 )
 from shmcomm.group import resolve
 from shmcomm.ops import ReduceOp
 
 __all__ = ["all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "all_gather", "all_gather_into",
            "gather", "scatter", "reduce_scatter", "reduce_scatter_into", "all_to_all",
-           "all_to_all_single", "barrier", "send", "recv", "isend", "irecv", "broadcast_object_list",
+           "all_to_all_single", "all_gather_v", "gather_v", "scatter_v", "reduce_scatter_v",
+           "barrier", "send", "recv", "isend", "irecv", "broadcast_object_list",
            "all_gather_object", "gather_object", "scatter_object_list", "empty", "zeros"]
 
 

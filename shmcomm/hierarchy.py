@@ -31,7 +31,7 @@ import os
 
 import numpy as np
 
-from shmcomm import _core
+from shmcomm import _core, uneven
 from shmcomm.errors import ShmcommError
 from shmcomm.group import ProcessGroup
 from shmcomm.group import _alive as group_registry
@@ -294,13 +294,28 @@ class HierarchicalComm:
 
     def reduce_scatter(self, output, input_list, op: int = _SUM, async_op: bool = False,
                        factor: float = 1.0):
-        """reduce_scatter with ``world_size`` separate input arrays."""
+        """reduce_scatter with ``world_size`` separate input arrays (of any sizes: rank q's
+        ``input_list[q]`` sized like its output)."""
         import torch
 
-        if len(input_list) != self.size:
-            raise ValueError(f"input_list must hold world_size={self.size} arrays, got {len(input_list)}")
-        whole = torch.cat([_tensor(a) for a in input_list])
-        return self.reduce_scatter_into(output, whole, op, async_op, factor)
+        ins = [_tensor(a) for a in input_list]
+        out = _tensor(output)
+        if len(ins) == self.size and any(a.numel() != out.numel() for a in ins):
+            return self._run(uneven.reduce_scatter_list, (self._exchange, out, ins, op, factor,
+                                                          self.rank, self.size), [output], async_op)
+        if len(ins) != self.size:
+            raise ValueError(f"input_list must hold world_size={self.size} arrays, got {len(ins)}")
+        return self.reduce_scatter_into(output, torch.cat(ins), op, async_op, factor)
+
+    def reduce_scatter_v(self, output, input, counts, op: int = _SUM, async_op: bool = False,
+                         factor: float = 1.0):
+        """MPI's Reduce_scatter: rank r's ``output`` = piece r (``counts[r]`` elements) reduced."""
+        args = (self._exchange, _tensor(output), _tensor(input), counts, op, factor, self.rank, self.size)
+        return self._run(uneven.reduce_scatter_v, args, [output], async_op)
+
+    def _exchange(self, out, inp, out_splits: list, in_splits: list) -> None:
+        """all_to_all_single over every rank (the uneven forms' one primitive here)."""
+        self._world.all_to_all_single(out, inp, out_splits, in_splits)
 
     def _reduce_scatter(self, out, inp, op: int, factor: float) -> None:
         import torch
@@ -342,13 +357,16 @@ class HierarchicalComm:
         return self._run(self._all_gather_into, (out, t), [output], async_op)
 
     def all_gather(self, output_list, array, async_op: bool = False):
-        """``output_list[q]`` = rank q's ``array``."""
+        """``output_list[q]`` = rank q's ``array`` (pieces may differ in size, as torch allows)."""
         import torch
 
         outs = [_tensor(o) for o in output_list]
+        t = _tensor(array)
+        if any(o.numel() != t.numel() for o in outs):
+            return self._run(uneven.all_gather_list, (self._exchange, outs, t, self.rank, self.size),
+                             list(output_list), async_op)
         if len(outs) != self.size:
             raise ValueError(f"output_list must hold world_size={self.size} arrays, got {len(outs)}")
-        t = _tensor(array)
         whole = torch.empty(t.numel() * self.size, dtype=t.dtype)
 
         def gather_then_split():
@@ -356,6 +374,29 @@ class HierarchicalComm:
             for q, o in enumerate(outs):
                 o.copy_(whole[q * t.numel():(q + 1) * t.numel()])
         return self._run(gather_then_split, (), list(output_list), async_op)
+
+    def all_gather_v(self, output, array, counts, displs=None, async_op: bool = False):
+        """MPI's Allgatherv: rank q's ``array`` at element ``displs[q]`` of every ``output``."""
+        args = (self._exchange, _tensor(output), _tensor(array), counts, displs, self.rank, self.size)
+        return self._run(uneven.all_gather_v, args, [output], async_op)
+
+    def gather_v(self, array, output, counts, displs, dst: int, async_op: bool = False):
+        """MPI's Gatherv on rank ``dst``."""
+        _check_rank(dst, self.size, "dst")
+        if (self.rank == dst) != (output is not None):
+            raise ValueError("output is required on the dst rank and must be None elsewhere")
+        args = (self._exchange, _tensor(array), None if output is None else _tensor(output), counts,
+                displs, dst, self.rank, self.size)
+        return self._run(uneven.gather_v, args, [output], async_op)
+
+    def scatter_v(self, output, input, counts, displs, src: int, async_op: bool = False):
+        """MPI's Scatterv from rank ``src``."""
+        _check_rank(src, self.size, "src")
+        if (self.rank == src) != (input is not None):
+            raise ValueError("input is required on the src rank and must be None elsewhere")
+        args = (self._exchange, _tensor(output), None if input is None else _tensor(input), counts,
+                displs, src, self.rank, self.size)
+        return self._run(uneven.scatter_v, args, [output], async_op)
 
     def _all_gather_into(self, out, t) -> None:
         import torch
@@ -539,6 +580,18 @@ class HierarchicalGroup(ProcessGroup):
 
     def all_to_all(self, output_list, input_list, async_op=False):
         return self.comm.all_to_all(list(output_list), list(input_list), async_op)
+
+    def all_gather_v(self, output, array, counts, displs=None, async_op=False):
+        return self.comm.all_gather_v(output, array, counts, displs, async_op)
+
+    def gather_v(self, array, output=None, counts=None, displs=None, dst=0, async_op=False):
+        return self.comm.gather_v(array, output, counts, displs, _core.rank_arg(dst, "dst"), async_op)
+
+    def scatter_v(self, output, input=None, counts=None, displs=None, src=0, async_op=False):
+        return self.comm.scatter_v(output, input, counts, displs, _core.rank_arg(src, "src"), async_op)
+
+    def reduce_scatter_v(self, output, input, counts, op=ReduceOp.SUM, async_op=False):
+        return self.comm.reduce_scatter_v(output, input, counts, op_code(op), async_op)
 
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None,
                           async_op=False):

@@ -592,18 +592,10 @@ class ShmcommProcessGroup(_ProcessGroupBase):
             outs = list(outs)
             if len(outs) != self._size:
                 raise ValueError(f"all_gather needs world_size={self._size} output tensors, got {len(outs)}")
-            if all(o.numel() == inp.numel() and o.dtype == inp.dtype for o in outs):
-                call.calls.append((self._comm.all_gather, [call.output(o, argname="output") for o in outs],
-                                   call.input(inp, argname="input")))
-                continue
-            # uneven sizes: rank q's tensor reaches everyone by a broadcast from q
-            if outs[self._rank].numel() != inp.numel():
-                raise ValueError(f"all_gather: output_tensor_list[{self._rank}] has "
-                                 f"{outs[self._rank].numel()} elements but the input has {inp.numel()}")
-            for q, o in enumerate(outs):
-                buf = call.input(inp, argname="input") if q == self._rank else call.output(o, argname="output")
-                call.calls.append((self._comm.broadcast, buf, q))
-            call.backs.append((outs[self._rank], inp))
+            # pieces of different sizes (each sized like its sender's input) run as one uneven
+            # all_gather in the engine
+            call.calls.append((self._comm.all_gather, [call.output(o, argname="output") for o in outs],
+                               call.input(inp, argname="input")))
         return self._go_all(_call_each, call, list(output_lists), opts.asyncOp)
 
     def all_gather_single(self, output, input, opts=None):

@@ -21,6 +21,10 @@ cdef enum:
     K_ALL_TO_ALL_V
     K_ALLOC
     K_PYTHON          # a Python callable run in issue order (composite ops of the torch adapter)
+    K_ALL_GATHER_V    # the uneven forms (coll_uneven.pxi)
+    K_GATHER_V
+    K_SCATTER_V
+    K_REDUCE_SCATTER_V
 
 # kind: (name, what its descriptor carries: "d"type, "n"bytes, "r"oot, "o"p)
 KINDS = {
@@ -29,7 +33,9 @@ KINDS = {
     K_ALL_GATHER: ("all_gather", "dn"), K_GATHER: ("gather", "dnr"), K_SCATTER: ("scatter", "dnr"),
     K_REDUCE_SCATTER: ("reduce_scatter", "dno"), K_ALL_TO_ALL: ("all_to_all", "dn"),
     K_ALL_TO_ALL_V: ("all_to_all_single", "dn"), K_ALLOC: ("empty/zeros", "n"),
-    K_PYTHON: ("operation", ""),
+    K_PYTHON: ("operation", ""), K_ALL_GATHER_V: ("all_gather_v", "d"),
+    K_GATHER_V: ("gather_v", "dr"), K_SCATTER_V: ("scatter_v", "dr"),
+    K_REDUCE_SCATTER_V: ("reduce_scatter_v", "do"),
 }
 KIND_NAMES = {k: v[0] for k, v in KINDS.items()}
 

@@ -37,16 +37,20 @@ cdef int _set_splits(Communicator c, object splits, buf_t *b, str argname, char 
 
 
 cdef object _prep_all_to_all(Communicator c, op_t *o, list output_list, list input_list):
+    """The list form; pieces of different sizes (as torch allows) take the uneven protocol."""
     cdef buf_t first
-    cdef int q
     if len(input_list) != c.size:
         raise ValueError(f"input_list must hold world_size={c.size} arrays, got {len(input_list)}")
     owner = as_buf(input_list[0], &first, False, "input_list[0]")
-    in_owners = _fill_pieces(c, input_list, &first, "input_list", False, o.ins)
-    out_owners = _fill_pieces(c, output_list, &first, "output_list", True, o.outs)
-    for q in range(c.size):
-        o.in_bytes[q] = o.out_bytes[q] = first.nbytes
-    o.kind, o.dtype, o.nbytes, o.uniform = K_ALL_TO_ALL, first.dtype, first.nbytes, True
+    in_owners = _fill_list(c, input_list, first.dtype, "input_list", False, o.ins, o.in_bytes)
+    out_owners = _fill_list(c, output_list, first.dtype, "output_list", True, o.outs, o.out_bytes)
+    o.dtype, o.itemsize, o.nbytes = first.dtype, first.itemsize, first.nbytes
+    if _all_equal(o.in_bytes, c.size) and _all_equal(o.out_bytes, c.size) and \
+            o.out_bytes[0] == first.nbytes:
+        o.kind, o.uniform = K_ALL_TO_ALL, True
+    else:
+        o.kind, o.uniform = K_ALL_TO_ALL_V, False
+        o.overlap = _any_overlap(c, o)
     return (owner, in_owners, out_owners)
 
 
@@ -60,7 +64,7 @@ cdef object _prep_all_to_all_single(Communicator c, op_t *o, object output, obje
                          f"{DTYPE_NAMES[b_in.dtype]}")
     _set_splits(c, output_split_sizes, &b_out, "output_split_sizes", o.outs, o.out_bytes)
     _set_splits(c, input_split_sizes, &b_in, "input_split_sizes", o.ins, o.in_bytes)
-    o.kind, o.dtype, o.uniform = K_ALL_TO_ALL_V, b_out.dtype, False
+    o.kind, o.dtype, o.itemsize, o.uniform = K_ALL_TO_ALL_V, b_out.dtype, b_out.itemsize, False
     o.overlap = b_out.ptr < b_in.ptr + b_in.nbytes and b_in.ptr < b_out.ptr + b_out.nbytes
     return (out_owner, in_owner)
 
@@ -68,7 +72,7 @@ cdef object _prep_all_to_all_single(Communicator c, op_t *o, object output, obje
 cdef int _run_all_to_all(Communicator c, op_t *o) except -1 nogil:
     if o.overlap:
         _stage_inputs(c, o.ins, o.outs, o.in_bytes)
-    return _all_to_all(c, o.outs, o.ins, o.in_bytes, o.out_bytes, o.dtype, o.uniform)
+    return _all_to_all(c, o)
 
 
 cdef inline bint _peers_read(Communicator c, int q, char **ins, char **outs) noexcept nogil:
@@ -96,8 +100,14 @@ cdef int _stage_inputs(Communicator c, char **ins, char **outs, size_t *in_bytes
     return 0
 
 
-cdef int _all_to_all(Communicator c, char **outs, char **ins, size_t *in_bytes, size_t *out_bytes,
-                     int dtype, bint uniform) except -1 nogil:
+cdef int _all_to_all(Communicator c, op_t *o) except -1 nogil:
+    """Move o.ins[q] (o.in_bytes[q]) to rank q's o.outs[rank], under o.kind's descriptor; uneven
+    kinds check the size matrix and (reduce_scatter_v) carry PREMUL_SUM factors."""
+    cdef char **outs = o.outs
+    cdef char **ins = o.ins
+    cdef size_t *in_bytes = o.in_bytes
+    cdef size_t *out_bytes = o.out_bytes
+    cdef int dtype = o.dtype
     cdef uint32_t s
     cdef int q, a, b, n = c.size
     cdef size_t cap = (c.slot_bytes // n) // 64 * 64, off = 0, most = 0
@@ -105,7 +115,7 @@ cdef int _all_to_all(Communicator c, char **outs, char **ins, size_t *in_bytes, 
     cdef bint first = True, fits
     cdef size_t header = _align_up((2 * n + 1) * sizeof(uint64_t), 64)
     cdef size_t piece_cap = ((c.slot_bytes - header) // n) // 64 * 64
-    if uniform:
+    if o.uniform:
         most = in_bytes[0]
         c._set_desc(K_ALL_TO_ALL, dtype, most, 0, 0)
         if c._single_copy_size(most):
@@ -113,7 +123,8 @@ cdef int _all_to_all(Communicator c, char **outs, char **ins, size_t *in_bytes, 
             if _all_to_all_single_copy(c, outs, ins, in_bytes, out_bytes):
                 return 0
     else:
-        c._set_desc(K_ALL_TO_ALL_V, dtype, 0, 0, 0)
+        c._set_desc(o.kind, dtype, 0, o.root, o.op)
+        c._set_factor(o)
         s = c.next_step()
         sizes = <uint64_t *>c.slot(c.rank, s)
         fits = 1
@@ -129,15 +140,14 @@ cdef int _all_to_all(Communicator c, char **outs, char **ins, size_t *in_bytes, 
                     memcpy(c.slot(c.rank, s) + header + q * piece_cap, ins[q], in_bytes[q])
         c._step()
         c._check_desc()
+        c._load_factors(o)
         first = False
         for a in range(n):
             for b in range(n):
                 if (<uint64_t *>c.slot(a, s))[b] != (<uint64_t *>c.slot(b, s))[n + a]:
                     with gil:
-                        raise CollectiveMismatchError(
-                            f"all_to_all_single: rank {a} sends "
-                            f"{(<uint64_t *>c.slot(a, s))[b]} bytes to rank {b}, which "
-                            f"expects {(<uint64_t *>c.slot(b, s))[n + a]}")
+                        raise CollectiveMismatchError(_size_mismatch(
+                            o, a, b, (<uint64_t *>c.slot(a, s))[b], (<uint64_t *>c.slot(b, s))[n + a]))
                 most = max(most, (<uint64_t *>c.slot(a, s))[b])
             fits = fits and (<uint64_t *>c.slot(a, s))[2 * n]
         if fits:
@@ -148,7 +158,7 @@ cdef int _all_to_all(Communicator c, char **outs, char **ins, size_t *in_bytes, 
                     memcpy(outs[q], c.slot(q, s) + header + c.rank * piece_cap, out_bytes[q])
             return 0
         if c._single_copy_size(most):  # every rank saw the same matrix: the same choice
-            c._set_desc(K_ALL_TO_ALL_V, dtype, 0, 0, 0)  # for the table's step
+            c._set_desc(o.kind, dtype, 0, o.root, o.op)  # for the table's step
             if _all_to_all_single_copy(c, outs, ins, in_bytes, out_bytes):
                 return 0
     c._out(outs[c.rank], ins[c.rank], out_bytes[c.rank], out_bytes[c.rank])
@@ -167,6 +177,13 @@ cdef int _all_to_all(Communicator c, char **outs, char **ins, size_t *in_bytes, 
                        out_bytes[q])
         off += cap
     return 0
+
+
+cdef str _size_mismatch(op_t *o, int a, int b, uint64_t sent, uint64_t expected):
+    unit = max(o.itemsize, 1)
+    dt = DTYPE_NAMES[o.dtype]
+    return (f"{KIND_NAMES[o.kind]}: rank {a} sends {sent // unit} {dt} elements to rank {b}, "
+            f"which expects {expected // unit}")
 
 
 cdef bint _all_to_all_single_copy(Communicator c, char **outs, char **ins, size_t *in_bytes,

@@ -13,23 +13,6 @@
 # address table, too), so every rank picks the same path from what all of them published.
 
 
-cdef list _fill_pieces(Communicator c, list arrays, buf_t *like, str argname, bint writable,
-                       char **table):
-    """Point table[q] at arrays[q], each shaped like `like`; returns their owners."""
-    cdef buf_t b
-    cdef int q
-    if len(arrays) != c.size:
-        raise ValueError(f"{argname} must hold world_size={c.size} arrays, got {len(arrays)}")
-    owners = []
-    for q in range(c.size):
-        owners.append(as_buf(arrays[q], &b, writable, f"{argname}[{q}]"))
-        if b.nbytes != like.nbytes or b.dtype != like.dtype:
-            raise ValueError(f"{argname}[{q}] has {b.count} {DTYPE_NAMES[b.dtype]} elements; expected "
-                             f"{like.count} {DTYPE_NAMES[like.dtype]}")
-        table[q] = b.ptr
-    return owners
-
-
 cdef int _split_whole(Communicator c, buf_t *whole, buf_t *piece, str argname, char **table) except -1:
     """Point table[q] at the q-th of world_size equal parts of `whole`."""
     cdef int q
@@ -50,10 +33,26 @@ cdef object _prep_gather(Communicator c, op_t *o, object output_list, object arr
     o.ptr, o.nbytes, o.dtype, o.root = b.ptr, b.nbytes, b.dtype, root
     if root >= 0 and c.rank != root:
         return owner
-    owners = _fill_pieces(c, output_list if type(output_list) is list else list(output_list), &b,
-                          argname, True, o.outs)
+    owners = _fill_list(c, output_list if type(output_list) is list else list(output_list),
+                        b.dtype, argname, True, o.outs, o.out_bytes)
     owners.append(owner)
+    if root < 0 and not _all_equal(o.out_bytes, c.size):  # every rank sees the same list sizes
+        _prep_all_gather_list_v(c, o, &b, None)
+        return owners
+    _check_like(c, o.out_bytes, &b, argname, "shmcomm.gather_v" if root >= 0 else None)
     return owners
+
+
+cdef int _check_like(Communicator c, size_t *sizes, buf_t *like, str argname, str hint) except -1:
+    """Every piece of a list sized like ``like``: the list forms of gather and scatter, whose
+    non-roots cannot know the root's sizes (uneven pieces take the v form and its counts)."""
+    cdef int q
+    for q in range(c.size):
+        if sizes[q] != like.nbytes:
+            raise ValueError(f"{argname}[{q}] has {sizes[q] // like.itemsize} "
+                             f"{DTYPE_NAMES[like.dtype]} elements; expected {like.count}" +
+                             (f" (for pieces of different sizes use {hint})" if hint else ""))
+    return 0
 
 
 cdef object _prep_gather_into(Communicator c, op_t *o, object output, object array):

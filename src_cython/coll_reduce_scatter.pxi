@@ -15,8 +15,11 @@ cdef object _prep_reduce_scatter(Communicator c, op_t *o, object output, list in
     cdef buf_t b
     out_owner = as_buf(output, &b, True, "output")
     check_reduce_op(b.dtype, op)
-    owners = _fill_pieces(c, input_list, &b, "input_list", False, o.ins)
-    _set_reduce_scatter(o, &b, op, factor)
+    owners = _fill_list(c, input_list, b.dtype, "input_list", False, o.ins, o.in_bytes)
+    if _all_equal(o.in_bytes, c.size) and o.in_bytes[0] == b.nbytes:
+        _set_reduce_scatter(o, &b, op, factor)
+    else:  # torch's uneven form: input_list[q] sized like rank q's output
+        _prep_reduce_scatter_list_v(c, o, &b, op, factor)
     return (out_owner, owners)
 
 

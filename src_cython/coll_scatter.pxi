@@ -13,7 +13,9 @@ cdef object _prep_scatter(Communicator c, op_t *o, object array, object scatter_
     if c.rank == src:
         if scatter_list is None:
             raise ValueError("scatter_list is required on the src rank")
-        return (owner, _fill_pieces(c, list(scatter_list), &b, "scatter_list", False, o.ins))
+        owners = _fill_list(c, list(scatter_list), b.dtype, "scatter_list", False, o.ins, o.in_bytes)
+        _check_like(c, o.in_bytes, &b, "scatter_list", "shmcomm.scatter_v")
+        return (owner, owners)
     if scatter_list is not None:
         raise ValueError("scatter_list must be None on ranks other than src")
     return owner

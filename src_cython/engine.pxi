@@ -611,8 +611,11 @@ cdef class Communicator:
             return _run_scatter(self, o)
         if k == K_REDUCE_SCATTER:
             return _run_reduce_scatter(self, o)
-        if k == K_ALL_TO_ALL or k == K_ALL_TO_ALL_V:
+        if k == K_ALL_TO_ALL or k == K_ALL_TO_ALL_V or k == K_ALL_GATHER_V or k == K_GATHER_V \
+                or k == K_SCATTER_V:
             return _run_all_to_all(self, o)
+        if k == K_REDUCE_SCATTER_V:
+            return _run_reduce_scatter_v(self, o)
         if k == K_BARRIER:
             return _run_barrier(self, o)
         with gil:
@@ -1151,6 +1154,43 @@ cdef class Communicator:
             raise
         return self._go(call, owners, output, True)
 
+    cpdef all_gather_v(self, output, array, counts, displs=None, bint async_op=False):
+        cdef _Call call = self._open(async_op)
+        try:
+            owners = _prep_all_gather_v(self, &call.o, output, array, counts, displs)
+        except BaseException:
+            self._abandon(call)
+            raise
+        return self._go(call, owners, output, True)
+
+    cpdef gather_v(self, array, output, counts, displs, int dst, bint async_op=False):
+        cdef _Call call = self._open(async_op)
+        try:
+            owners = _prep_gather_v(self, &call.o, array, output, counts, displs, dst)
+        except BaseException:
+            self._abandon(call)
+            raise
+        return self._go(call, owners, output, True)
+
+    cpdef scatter_v(self, output, input, counts, displs, int src, bint async_op=False):
+        cdef _Call call = self._open(async_op)
+        try:
+            owners = _prep_scatter_v(self, &call.o, output, input, counts, displs, src)
+        except BaseException:
+            self._abandon(call)
+            raise
+        return self._go(call, owners, output, True)
+
+    cpdef reduce_scatter_v(self, output, input, counts, int op=SHM_SUM, bint async_op=False,
+                           double factor=1.0):
+        cdef _Call call = self._open(async_op)
+        try:
+            owners = _prep_reduce_scatter_v(self, &call.o, output, input, counts, op, factor)
+        except BaseException:
+            self._abandon(call)
+            raise
+        return self._go(call, owners, output, True)
+
     cpdef barrier(self, bint async_op=False):
         cdef _Call call = self._open(async_op)
         call.o.kind = K_BARRIER
@@ -1180,6 +1220,10 @@ cdef const char *_kind_cname(int kind) noexcept nogil:
     if kind == K_REDUCE_SCATTER: return "reduce_scatter"
     if kind == K_ALL_TO_ALL: return "all_to_all"
     if kind == K_ALL_TO_ALL_V: return "all_to_all_single"
+    if kind == K_ALL_GATHER_V: return "all_gather_v"
+    if kind == K_GATHER_V: return "gather_v"
+    if kind == K_SCATTER_V: return "scatter_v"
+    if kind == K_REDUCE_SCATTER_V: return "reduce_scatter_v"
     if kind == K_BARRIER: return "barrier"
     if kind == K_ALLOC: return "empty"
     return "operation"

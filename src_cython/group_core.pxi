@@ -226,6 +226,65 @@ cdef class GroupCore:
         """
         return self._comm.all_to_all_single(output, input, output_split_sizes, input_split_sizes, async_op)
 
+    cpdef all_gather_v(self, output, array, counts, displs=None, bint async_op=False):
+        """All-gather of pieces of different sizes into one array (MPI's Allgatherv).
+
+        Rank q's ``array`` (``counts[q]`` elements) lands in every rank's ``output`` at element
+        ``displs[q]`` (default: packed in rank order). Every rank passes the same ``counts``.
+
+        Example::
+
+            counts = [q + 1 for q in range(pg.size)]
+            out = np.empty(sum(counts), np.float32)
+            pg.all_gather_v(out, np.full(pg.rank + 1, pg.rank, np.float32), counts)
+        """
+        return self._comm.all_gather_v(output, array, counts, displs, async_op)
+
+    cpdef gather_v(self, array, output=None, counts=None, displs=None, dst=0, bint async_op=False):
+        """Gather pieces of different sizes into one array on rank ``dst`` (MPI's Gatherv).
+
+        ``output``, ``counts`` and ``displs`` matter on ``dst`` only (``output`` must be None
+        elsewhere): rank q's ``array`` (``counts[q]`` elements) lands at element ``displs[q]``.
+
+        Example::
+
+            counts = [q + 1 for q in range(pg.size)]
+            out = np.empty(sum(counts)) if pg.rank == 0 else None
+            pg.gather_v(np.full(pg.rank + 1, pg.rank, float), out, counts, dst=0)
+        """
+        cdef int root = _rank_arg(dst, "dst")
+        return self._comm.gather_v(array, output, counts, displs, root, async_op)
+
+    cpdef scatter_v(self, output, input=None, counts=None, displs=None, src=0, bint async_op=False):
+        """Scatter pieces of different sizes from one array on rank ``src`` (MPI's Scatterv).
+
+        ``input``, ``counts`` and ``displs`` matter on ``src`` only (``input`` must be None
+        elsewhere): rank q's ``output`` receives ``counts[q]`` elements from ``displs[q]``.
+
+        Example::
+
+            counts = [q + 1 for q in range(pg.size)]
+            whole = np.arange(sum(counts), dtype=float) if pg.rank == 0 else None
+            mine = np.empty(pg.rank + 1); pg.scatter_v(mine, whole, counts, src=0)
+        """
+        cdef int root = _rank_arg(src, "src")
+        return self._comm.scatter_v(output, input, counts, displs, root, async_op)
+
+    cpdef reduce_scatter_v(self, output, input, counts, op=_SUM, bint async_op=False):
+        """Reduce-scatter with pieces of different sizes (MPI's Reduce_scatter).
+
+        ``input`` holds ``sum(counts)`` elements on every rank; rank r's ``output`` (``counts[r]``
+        elements) gets the reduction over ranks of their piece r, in rank order.
+
+        Example::
+
+            counts = [q + 1 for q in range(pg.size)]
+            out = np.empty(counts[pg.rank])
+            pg.reduce_scatter_v(out, np.ones(sum(counts)), counts)   # out == size
+        """
+        cdef int code = _op_arg(op)
+        return self._comm.reduce_scatter_v(output, input, counts, code, async_op)
+
     cpdef barrier(self, bint async_op=False):
         """Wait until every rank of the group reached the barrier.
 
@@ -310,6 +369,26 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
                       async_op=False):
     """All-to-all on single arrays. Example: ``sc.all_to_all_single(out, inp, [1, 3], [2, 2])``."""
     return _resolve(group).all_to_all_single(output, input, output_split_sizes, input_split_sizes, async_op)
+
+
+def all_gather_v(output, array, counts, displs=None, group=None, async_op=False):
+    """Allgatherv: pieces of different sizes. Example: ``sc.all_gather_v(out, x, counts)``."""
+    return _resolve(group).all_gather_v(output, array, counts, displs, async_op)
+
+
+def gather_v(array, output=None, counts=None, displs=None, dst=0, group=None, async_op=False):
+    """Gatherv on ``dst``. Example: ``sc.gather_v(x, out if rank == 0 else None, counts)``."""
+    return _resolve(group).gather_v(array, output, counts, displs, dst, async_op)
+
+
+def scatter_v(output, input=None, counts=None, displs=None, src=0, group=None, async_op=False):
+    """Scatterv from ``src``. Example: ``sc.scatter_v(mine, whole if rank == 0 else None, counts)``."""
+    return _resolve(group).scatter_v(output, input, counts, displs, src, async_op)
+
+
+def reduce_scatter_v(output, input, counts, op=_SUM, group=None, async_op=False):
+    """Reduce_scatter with counts. Example: ``sc.reduce_scatter_v(out, whole, counts)``."""
+    return _resolve(group).reduce_scatter_v(output, input, counts, op, async_op)
 
 
 def barrier(group=None, async_op=False):

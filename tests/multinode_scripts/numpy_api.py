@@ -75,10 +75,31 @@ if rank == 0:
 elif rank == size - 1:
     buf = np.empty(4)
     assert sc.recv(buf, src=None, tag=5) == 0 and (buf == np.arange(4.0)).all()
+# uneven counts across nodes: rank q holds q + 1 elements
+counts = [q + 1 for q in range(size)]
+packed = np.concatenate([np.full(q + 1, float(q)) for q in range(size)])
+whole = np.empty(sum(counts))
+sc.all_gather_v(whole, np.full(rank + 1, float(rank)), counts)
+assert (whole == packed).all(), whole
+lists = [np.empty(q + 1) for q in range(size)]
+sc.all_gather(lists, np.full(rank + 1, float(rank)))
+assert all((o == q).all() for q, o in enumerate(lists)), lists
+g = np.empty(sum(counts)) if rank == size - 1 else None
+sc.gather_v(np.full(rank + 1, float(rank)), g, counts, dst=size - 1)
+assert rank != size - 1 or (g == packed).all(), g
+mine = np.empty(rank + 1)
+sc.scatter_v(mine, packed * 2 if rank == 1 else None, counts, src=1)
+assert (mine == 2.0 * rank).all(), mine
+mine = np.empty(rank + 1, np.float32)
+sc.reduce_scatter_v(mine, np.arange(sum(counts), dtype=np.float32) * (rank + 1), counts)
+lo = sum(counts[:rank])
+assert (mine == np.arange(lo, lo + rank + 1) * size * (size + 1) / 2).all(), mine
+sc.reduce_scatter(mine, [np.ones(q + 1, np.float32) for q in range(size)], op=sc.ReduceOp.MAX)
+assert (mine == 1).all(), mine
 objs = [None] * size
 sc.all_gather_object(objs, {"rank": rank})
 assert objs == [{"rank": r} for r in range(size)]
-checked += 8
+checked += 14
 # sub-groups: one across nodes (hierarchical or, one rank per node, gloo), one inside a node
 # (pure shared memory), group ranks as in MPI
 across = sc.new_group([0, size - 1])

@@ -1,0 +1,247 @@
+# Uneven pieces: all_gather, gather, scatter and reduce_scatter where ranks contribute different
+# counts (MPI's Allgatherv/Gatherv/Scatterv/Reduce_scatter, and torch's list forms with tensors of
+# different sizes).
+#
+# Each is an all_to_all with per-pair sizes (coll_all_to_all.pxi): its first step publishes every
+# rank's sizes, so a rank that does not know its peers' counts (a non-root of gather_v, as in MPI)
+# needs none, and every rank checks the whole size matrix; small ones finish in that same step,
+# large ones are pulled straight from the senders' arrays (single copy).
+#   all_gather_v: rank r sends its array to every rank; rank r's piece q goes to output piece q.
+#   gather_v / scatter_v: only the pairs (q -> root) / (root -> q) carry bytes.
+#   reduce_scatter_v: every rank's piece r gathers on rank r (in the kept staging buffer), which
+#       then reduces the pieces in rank order, as reduce_scatter does: halves in float32, one
+#       result per output, so "bit-identical on every rank" holds trivially.
+
+
+def check_counts(counts, displs, long long length, int size, str argname, bint disjoint):
+    """``(counts, displs)`` as lists of ``size`` non-negative ints, every piece inside an array
+    of ``length`` elements (``displs`` None: packed in rank order); ``disjoint`` (outputs): no two
+    pieces overlap, as MPI requires of receive buffers. Errors name ``argname``.
+
+    Example::
+
+        >>> check_counts([2, 0, 3], None, 5, 3, "output", True)
+        ([2, 0, 3], [0, 2, 2])
+    """
+    cs = _counts_arg(counts, size, "counts")
+    if displs is None:
+        ds, at = [], 0
+        for x in cs:
+            ds.append(at)
+            at += x
+    else:
+        ds = _counts_arg(displs, size, "displs")
+    for q in range(size):
+        if ds[q] + cs[q] > length:
+            raise ValueError(f"{argname}: piece {q} (counts[{q}]={cs[q]} from element {ds[q]}) "
+                             f"ends past the array's {length} elements")
+    if disjoint:
+        spans = sorted((ds[q], ds[q] + cs[q], q) for q in range(size) if cs[q])
+        for (lo, hi, q), (lo2, hi2, q2) in zip(spans, spans[1:]):
+            if lo2 < hi:
+                raise ValueError(f"{argname}: pieces {q} and {q2} overlap (displs and counts)")
+    return cs, ds
+
+
+cdef list _counts_arg(object counts, int size, str argname):
+    """``counts`` as ``size`` non-negative ints; errors name ``argname``."""
+    if counts is None:
+        raise ValueError(f"{argname} is required: world_size={size} element counts")
+    try:
+        values = [rank_arg(x, f"{argname}[i]") for x in counts]
+    except TypeError as exc:
+        if "[i]" in str(exc):
+            raise
+        raise TypeError(f"{argname} must be a sequence of {size} ints, got "
+                        f"{type(counts).__name__}") from None
+    if len(values) != size or any(x < 0 for x in values):
+        raise ValueError(f"{argname} must be {size} non-negative element counts, got {values}")
+    return values
+
+
+cdef int _set_counts(Communicator c, object counts, object displs, buf_t *b, str argname,
+                     char **table, size_t *sizes, bint disjoint) except -1:
+    """Point table[q] at the counts[q] elements of ``b`` from displs[q] (see check_counts)."""
+    cdef int q
+    cs, ds = check_counts(counts, displs, b.count, c.size, argname, disjoint)
+    for q in range(c.size):
+        table[q] = b.ptr + <size_t>ds[q] * b.itemsize
+        sizes[q] = <size_t>cs[q] * b.itemsize
+    return 0
+
+
+cdef bint _spans_overlap(char *a, size_t na, char *b, size_t nb) noexcept:
+    return na != 0 and nb != 0 and a < b + nb and b < a + na
+
+
+cdef list _fill_list(Communicator c, list arrays, int dtype, str argname, bint writable,
+                     char **table, size_t *sizes):
+    """Point table[q] at arrays[q] (all of ``dtype``) and record its byte size; returns owners."""
+    cdef buf_t b
+    cdef int q
+    if len(arrays) != c.size:
+        raise ValueError(f"{argname} must hold world_size={c.size} arrays, got {len(arrays)}")
+    owners = []
+    for q in range(c.size):
+        owners.append(as_buf(arrays[q], &b, writable, f"{argname}[{q}]"))
+        if b.dtype != dtype:
+            raise ValueError(f"{argname}[{q}] is {DTYPE_NAMES[b.dtype]}; expected {DTYPE_NAMES[dtype]}")
+        table[q], sizes[q] = b.ptr, b.nbytes
+    return owners
+
+
+cdef bint _all_equal(size_t *sizes, int n) noexcept:
+    cdef int q
+    for q in range(1, n):
+        if sizes[q] != sizes[0]:
+            return False
+    return True
+
+
+cdef int _check_own(buf_t *mine, size_t theirs, str what) except -1:
+    """This rank's own piece of a list/counts must match its array (as torch and MPI require)."""
+    if theirs != mine.nbytes:
+        raise ValueError(f"{what} has {theirs // mine.itemsize} {DTYPE_NAMES[mine.dtype]} "
+                         f"elements but this rank's array has {mine.count}")
+    return 0
+
+
+cdef void _set_uneven(op_t *o, int kind, buf_t *b, int root) noexcept:
+    o.kind, o.dtype, o.itemsize, o.root, o.uniform = kind, b.dtype, b.itemsize, root, False
+    o.nbytes = b.nbytes  # this rank's share: what decides an eager start of an async op
+
+
+cdef bint _any_overlap(Communicator c, op_t *o) noexcept:
+    """Whether some output piece overlaps an input piece a peer reads (then inputs are staged)."""
+    cdef int p, q
+    for p in range(c.size):
+        for q in range(c.size):
+            if _spans_overlap(o.outs[p], o.out_bytes[p], o.ins[q], o.in_bytes[q]) and \
+                    _peers_read(c, q, o.ins, o.outs):
+                return True
+    return False
+
+
+cdef void _send_everywhere(Communicator c, op_t *o, buf_t *b) noexcept:
+    cdef int q
+    for q in range(c.size):
+        o.ins[q], o.in_bytes[q] = b.ptr, b.nbytes
+
+
+cdef void _nothing_moves(Communicator c, char **table, size_t *sizes, char *at) noexcept:
+    cdef int q
+    for q in range(c.size):
+        table[q], sizes[q] = at, 0
+
+
+# ---- torch's list forms with pieces of different sizes ---------------------------------------
+cdef object _prep_all_gather_list_v(Communicator c, op_t *o, buf_t *b, object owner):
+    """all_gather whose output_list (already in o.outs/o.out_bytes) is uneven."""
+    _check_own(b, o.out_bytes[c.rank], f"output_list[{c.rank}]")
+    _send_everywhere(c, o, b)
+    _set_uneven(o, K_ALL_GATHER_V, b, 0)
+    o.overlap = _any_overlap(c, o)
+    return owner
+
+
+# ---- MPI's v forms: one flat array with counts (and displacements) ---------------------------
+cdef object _prep_all_gather_v(Communicator c, op_t *o, object output, object array, object counts,
+                               object displs):
+    cdef buf_t b, whole
+    owner = as_buf(array, &b, False, "array")
+    out_owner = as_buf(output, &whole, True, "output")
+    if whole.dtype != b.dtype:
+        raise ValueError(f"output is {DTYPE_NAMES[whole.dtype]} but array is {DTYPE_NAMES[b.dtype]}")
+    _set_counts(c, counts, displs, &whole, "output", o.outs, o.out_bytes, True)
+    _check_own(&b, o.out_bytes[c.rank], f"counts[{c.rank}]")
+    _send_everywhere(c, o, &b)
+    _set_uneven(o, K_ALL_GATHER_V, &b, 0)
+    o.overlap = _any_overlap(c, o)
+    return (owner, out_owner)
+
+
+cdef object _prep_gather_v(Communicator c, op_t *o, object array, object output, object counts,
+                           object displs, int root):
+    cdef buf_t b, whole
+    c._check_root(root, "dst")
+    owner = as_buf(array, &b, False, "array")
+    _nothing_moves(c, o.ins, o.in_bytes, b.ptr)
+    o.ins[root], o.in_bytes[root] = b.ptr, b.nbytes
+    _set_uneven(o, K_GATHER_V, &b, root)
+    if c.rank != root:
+        if output is not None:
+            raise ValueError("output must be None on ranks other than dst")
+        _nothing_moves(c, o.outs, o.out_bytes, b.ptr)
+        return owner
+    if output is None:
+        raise ValueError("output is required on the dst rank")
+    out_owner = as_buf(output, &whole, True, "output")
+    if whole.dtype != b.dtype:
+        raise ValueError(f"output is {DTYPE_NAMES[whole.dtype]} but array is {DTYPE_NAMES[b.dtype]}")
+    _set_counts(c, counts, displs, &whole, "output", o.outs, o.out_bytes, True)
+    _check_own(&b, o.out_bytes[root], f"counts[{root}]")
+    o.overlap = _any_overlap(c, o)
+    return (owner, out_owner)
+
+
+cdef object _prep_scatter_v(Communicator c, op_t *o, object output, object input, object counts,
+                            object displs, int root):
+    cdef buf_t b, whole
+    c._check_root(root, "src")
+    out_owner = as_buf(output, &b, True, "output")
+    _nothing_moves(c, o.outs, o.out_bytes, b.ptr)
+    o.outs[root], o.out_bytes[root] = b.ptr, b.nbytes
+    _set_uneven(o, K_SCATTER_V, &b, root)
+    if c.rank != root:
+        if input is not None:
+            raise ValueError("input must be None on ranks other than src")
+        _nothing_moves(c, o.ins, o.in_bytes, b.ptr)
+        return out_owner
+    if input is None:
+        raise ValueError("input is required on the src rank")
+    in_owner = as_buf(input, &whole, False, "input")
+    if whole.dtype != b.dtype:
+        raise ValueError(f"input is {DTYPE_NAMES[whole.dtype]} but output is {DTYPE_NAMES[b.dtype]}")
+    _set_counts(c, counts, displs, &whole, "input", o.ins, o.in_bytes, False)
+    _check_own(&b, o.in_bytes[root], f"counts[{root}]")
+    o.overlap = _any_overlap(c, o)
+    return (out_owner, in_owner)
+
+
+cdef object _prep_reduce_scatter_v(Communicator c, op_t *o, object output, object input,
+                                   object counts, int op, double factor):
+    cdef buf_t b, whole
+    out_owner = as_buf(output, &b, True, "output")
+    in_owner = as_buf(input, &whole, False, "input")
+    check_reduce_op(b.dtype, op)
+    if whole.dtype != b.dtype:
+        raise ValueError(f"input is {DTYPE_NAMES[whole.dtype]} but output is {DTYPE_NAMES[b.dtype]}")
+    _set_counts(c, counts, None, &whole, "input", o.ins, o.in_bytes, False)
+    _check_own(&b, o.in_bytes[c.rank], f"counts[{c.rank}]")
+    _set_reduce_scatter_v(o, &b, op, factor)
+    return (out_owner, in_owner)
+
+
+cdef object _prep_reduce_scatter_list_v(Communicator c, op_t *o, buf_t *b, int op, double factor):
+    """reduce_scatter whose input_list (already in o.ins/o.in_bytes) is uneven."""
+    _check_own(b, o.in_bytes[c.rank], f"input_list[{c.rank}]")
+    _set_reduce_scatter_v(o, b, op, factor)
+    return None
+
+
+cdef void _set_reduce_scatter_v(op_t *o, buf_t *out, int op, double factor) noexcept:
+    _set_uneven(o, K_REDUCE_SCATTER_V, out, 0)
+    o.ptr, o.count, o.nbytes, o.op, o.factor = out.ptr, out.count, out.nbytes, op, factor
+
+
+cdef int _run_reduce_scatter_v(Communicator c, op_t *o) except -1 nogil:
+    """Gather every rank's piece for this rank into staging, then reduce them in rank order."""
+    cdef int q, n = c.size
+    cdef char *stage = c._staging(max(n * o.nbytes, <size_t>1))
+    for q in range(n):
+        o.outs[q], o.out_bytes[q] = stage + q * o.nbytes, o.nbytes
+    _all_to_all(c, o)
+    for q in range(n):
+        c.srcs[q] = o.outs[q]
+    shm_reduce(o.ptr, c.srcs, c.factors, n, o.count, o.dtype, o.op)
+    return 0
