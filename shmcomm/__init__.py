@@ -20,6 +20,7 @@ from shmcomm.errors import (  # noqa: F401
     ShmcommError,
     UntrustedFileError,
 )
+from shmcomm.pickling import get_pickler, set_pickler  # noqa: F401
 from shmcomm.trust import ensure_inherited_secret
 
 __version__ = "0.1.0"  # the one place of the version (pyproject.toml reads it)
@@ -67,5 +68,6 @@ __all__ = [
     "AbortedError", "CollectiveMismatchError", "CommTimeoutError", "InvalidStateError",
     "PeerFailureError", "ShmcommError", "UntrustedFileError", "Future", "collect_all", "wait_all", "wait_any", "ReduceOp", "Work",
     "ProcessGroup", "destroy_process_group", "get_rank", "get_world_size", "init_process_group",
-    "is_initialized", "new_group", "new_subgroups", "split", "spawn", *_collectives_all,
+    "is_initialized", "new_group", "new_subgroups", "split", "spawn", "set_pickler", "get_pickler",
+    *_collectives_all,
 ]

@@ -13,8 +13,10 @@ import traceback
 
 
 def _leave(workdir: str, rank: int, outcome: tuple) -> None:
+    from shmcomm.pickling import default_dumps  # a lambda or a local class comes back too
+
     path = os.path.join(workdir, f"rank{rank}.pkl")
-    data = pickle.dumps(outcome)
+    data = default_dumps(outcome)
     with open(path + ".tmp", "wb") as f:
         f.write(data)
     os.replace(path + ".tmp", path)  # the caller never reads half a file

@@ -1,26 +1,27 @@
 """Collectives on picklable Python objects, built on the byte collectives of a group.
 
-Objects are pickled (protocol 5), their sizes exchanged first, then the bytes. Example::
+Objects are pickled by the process pickler (``sc.set_pickler``; by default pickle, and
+cloudpickle for lambdas and local functions), their sizes exchanged first, then the bytes::
 
     out = [None] * sc.get_world_size()
-    sc.all_gather_object(out, {"rank": sc.get_rank()})
+    sc.all_gather_object(out, {"rank": sc.get_rank(), "f": lambda x: x + 1})
 """
 
 from __future__ import annotations
 
-import pickle
-
 import numpy as np
+
+from shmcomm import pickling
 
 __all__ = ["broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list"]
 
 
 def _dumps(obj) -> np.ndarray:
-    return np.frombuffer(pickle.dumps(obj, protocol=5), dtype=np.uint8)
+    return np.frombuffer(pickling.dumps(obj), dtype=np.uint8)
 
 
 def _loads(buf: np.ndarray):
-    return pickle.loads(buf.tobytes())
+    return pickling.loads(buf.tobytes())
 
 
 def broadcast_object_list(group, object_list: list, src: int = 0) -> None:

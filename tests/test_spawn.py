@@ -117,6 +117,16 @@ def test_an_unpicklable_return_value_is_an_error_naming_the_rank():
     assert re.search(r"CAUGHT rank [01]'s return value cannot be pickled back to the caller", out), out
 
 
+def test_a_rank_may_return_a_lambda():
+    rc, out = python("""
+        import shmcomm as sc
+        fns = sc.spawn(lambda rank, n: (lambda x: x * 10 + rank), 2)
+        print("GOT", [f(1) for f in fns])
+    """)
+    assert rc == 0, out
+    assert "GOT [10, 11]" in out, out
+
+
 def test_bad_arguments_are_refused_at_once():
     import shmcomm as sc
 

@@ -15,6 +15,10 @@ tensors are copied once into shared memory and once out, never pickled into byte
         rref.rpc_sync().get("a")                                    # 1
     rpc.shutdown()                                     # waits for every worker's calls
 
+Module-level functions travel by name. Lambdas and local functions, as arguments, callees or
+return values, travel by value through the process pickler (``sc.set_pickler``; by default
+cloudpickle, arrays still out of band): ``rpc.rpc_sync("worker1", lambda x: x + 1, args=(1,))``.
+
 Tuning (environment): ``SHMCOMM_RPC_RING_BYTES`` (bytes per ring; default about 4 MiB of rings
 per worker, 256 KiB to 1 MiB + 64 KiB each), ``SHMCOMM_RPC_YIELDS`` (times a waiting thread yields
 the CPU before it sleeps, default 64) and ``SHMCOMM_RPC_SPIN_US`` (busy-polling before that,

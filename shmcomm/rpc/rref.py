@@ -166,19 +166,21 @@ class RRef:
 
     # ---- travelling ---------------------------------------------------------------------------
     def __reduce__(self):
-        from shmcomm.rpc.serialization import current_dst
+        from shmcomm.rpc.serialization import current_dst, first_in_message
 
         agent = _agent()
         if agent is not self._agent:
             raise RuntimeError("this RRef belongs to an RPC session that was shut down")
         dst = current_dst()
+        # first_in_message: a message pickled twice (by value after pickle refused a lambda in
+        # it) still carries one copy of this RRef, so it is counted once
         if self._owner == agent.rank:
             counted = dst != agent.rank
-            if counted:
+            if counted and first_in_message(self):
                 _owner_incref(agent, self)
         else:
             counted = dst != self._owner
-            if counted:
+            if counted and first_in_message(self):
                 # before the message leaves: the owner must count the copy before anyone can
                 # drop it (a drop travels on another ring and could otherwise arrive first)
                 agent.call_sync(self._owner, _owner_addref, (self._id,), None, None)

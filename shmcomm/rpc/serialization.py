@@ -8,6 +8,10 @@ array that the unpickled object then wraps::
     data, buffers = dumps((np.arange(1 << 20), "tag"), dst=1)
     obj = loads(data, buffers)
 
+What pickle refuses (a lambda, a function defined inside another) is pickled again by the process
+pickler of ``shmcomm.pickling``: by default cloudpickle, arrays still out of band; a pickler set
+with ``sc.set_pickler`` writes bytes that the receiver's own pickler reads.
+
 Exceptions raised by a callee travel as ``pack_exception(exc)`` and come back, through
 ``unpack_exception``, as an exception of the same type whose message holds the remote traceback
 (or as ``RemoteError`` when that type cannot be rebuilt from a message).
@@ -26,8 +30,11 @@ import types
 
 import numpy as np
 
+from shmcomm import pickling
+
 __all__ = ["RemoteError", "dumps", "dumps_call", "dumps_value", "loads", "loads_call",
-           "loads_value", "pack_exception", "unpack_exception", "current_dst", "resolve_function"]
+           "loads_value", "pack_exception", "unpack_exception", "current_dst", "first_in_message",
+           "resolve_function"]
 
 def current_dst():
     """Rank the message being pickled on this thread goes to (None outside ``dumps``).
@@ -36,7 +43,28 @@ def current_dst():
 
         if current_dst() == owner_rank: ...   # an RRef travelling home needs no new reference
     """
-    return _state.dst
+    return _state.t.dst
+
+
+def first_in_message(obj) -> bool:
+    """True the first time pickling the current message meets ``obj``; False when the message is
+    pickled again by value after pickle refused it (see ``dumps``), so a side effect of a
+    ``__reduce__`` (an RRef counting its copy) happens once per message. True outside ``dumps``.
+
+    Example::
+
+        if first_in_message(self): notify_owner()
+    """
+    st = _state.t
+    seen = st.seen
+    if seen is None:
+        return True
+    if id(obj) in seen:   # alive until the message is pickled: its id names it meanwhile
+        return False
+    if not seen:
+        seen = st.seen = set()
+    seen.add(id(obj))
+    return True
 
 
 # ---- arrays and tensors out of band -------------------------------------------------------------
@@ -94,9 +122,10 @@ def _torch():
     return _torch_mod
 
 
-def _dispatch_table() -> dict:
-    """copyreg's table plus the reducers above (torch's only once torch is imported)."""
-    table = dict(copyreg.dispatch_table)
+def _dispatch_table(base=copyreg.dispatch_table) -> dict:
+    """``base`` plus the reducers above (torch's only once torch is imported). A plain dict: the
+    C pickler looks every object up in it, and a ChainMap would be a Python call each time."""
+    table = dict(base)
     table[np.ndarray] = _reduce_array
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "Tensor"):
@@ -104,10 +133,21 @@ def _dispatch_table() -> dict:
     return table
 
 
-class _State(threading.local):
-    def __init__(self):
+class _Thread:
+    """One thread's pickling state. A plain object reached through one thread-local read: each
+    attribute of a threading.local costs a dictionary lookup of the thread, on every message."""
+
+    __slots__ = ("dst", "seen", "ctx")
+
+    def __init__(self) -> None:
         self.dst = None
+        self.seen = None    # ids first_in_message met in the message being pickled; None: none is
         self.ctx = None     # (file, pickler, buffers, stamp, in_use) reused by this thread
+
+
+class _State(threading.local):
+    def __init__(self) -> None:
+        self.t = _Thread()
 
 
 _state = _State()
@@ -128,13 +168,15 @@ def _new_ctx():
 def dumps(obj, dst=None) -> tuple[bytes, list]:
     """Pickle ``obj`` for rank ``dst``; returns ``(stream, raw out-of-band buffers)``.
 
-    Example::
+    This thread's stdlib pickler, reused: by reference, buffers out of band; what it refuses
+    goes by value (``_dumps_by_value``). Example::
 
         data, bufs = dumps({"x": np.ones(4)}, dst=0)   # len(bufs) == 1
     """
-    st = _state
-    prev = st.dst
+    st = _state.t
+    prev_dst, prev_seen = st.dst, st.seen
     st.dst = dst
+    st.seen = ()   # in a message, nothing met yet: first_in_message makes the set if needed
     try:
         ctx = st.ctx
         if ctx is None or ctx[4] or ctx[3] != _stamp():
@@ -149,12 +191,49 @@ def dumps(obj, dst=None) -> tuple[bytes, list]:
             f.truncate()
             p.dump(obj)
             return f.getvalue(), [b.raw() for b in buffers] if buffers else []
+        except pickling.REFUSED as exc:
+            refused = exc
         finally:
             p.clear_memo()   # the memo holds every object pickled: keep nothing alive
             buffers.clear()
             ctx[4] = False
+        return _dumps_by_value(obj, refused)
     finally:
-        st.dst = prev
+        st.dst = prev_dst
+        st.seen = prev_seen
+
+
+def _dumps_by_value(obj, refused: BaseException) -> tuple[bytes, list]:
+    """``dumps`` of what pickle ``refused``: cloudpickle with the same out-of-band buffers when the
+    default pickler is in use, else the process pickler's bytes inside a stdlib stream (which
+    the receiver's ``loads`` turns back into the object with its own pickler)."""
+    if not pickling.uses_default_dumps():
+        return pickle.dumps(_Pickled(pickling.dumps(obj)), 5), []
+    cloudpickle = pickling.cloudpickle_for(refused)
+    buffers: list = []
+    f = io.BytesIO()
+    # a fresh one each time: a cloudpickle Pickler keeps per-message state (globals it met)
+    p = cloudpickle.Pickler(f, 5, buffer_callback=buffers.append)
+    p.dispatch_table = _dispatch_table(cloudpickle.Pickler.dispatch_table)
+    p.dump(obj)
+    return f.getvalue(), [b.raw() for b in buffers]
+
+
+class _Pickled:
+    """Bytes of the process pickler travelling in a stdlib pickle stream; unpickled, the object.
+
+    Example::
+
+        pickle.loads(pickle.dumps(_Pickled(pickling.dumps(obj))))   # obj, by pickling.loads
+    """
+
+    __slots__ = ("data",)
+
+    def __init__(self, data) -> None:
+        self.data = data
+
+    def __reduce__(self):
+        return (pickling.loads, (bytes(self.data),))
 
 
 _SIMPLE = frozenset({int, float, str, bytes, bool, complex, type(None)})
