@@ -21,6 +21,8 @@ import resource
 import sys
 import time
 
+import psutil
+
 from shmcomm import __version__, segments
 
 __all__ = ["main", "segment_state", "segment_users", "info_lines"]
@@ -44,40 +46,42 @@ def segment_users() -> dict[str, set[int]]:
     """Which processes map or hold open each shmcomm file of ``/dev/shm``: name -> pids.
 
     This sees users whatever the segment header says (a newer layout, a header not yet
-    written), so ``clean`` never removes a segment some process is using. Processes whose
-    ``/proc`` entries this user may not read are skipped. Example::
+    written), so ``clean`` never removes a segment some process is using. Processes this user
+    may not inspect, and those that exit meanwhile, are skipped. Example::
 
         segment_users().get("shmcomm.1000.job-42.g0", set())
     """
     marker = f"{segments.SHM_DIR}/{segments.PREFIX}."
     users: dict[str, set[int]] = {}
-    try:
-        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return users
-    for pid in pids:
-        names = set()
+    for proc in psutil.process_iter():
+        names = _mapped_files(proc.pid, marker)   # a rank keeps its segments mapped, fds closed
         try:
-            with open(f"/proc/{pid}/maps", "r", errors="replace") as f:
-                for line in f:
-                    i = line.find(marker)
-                    if i >= 0:
-                        names.add(line[i:].split()[0])
-        except OSError:
-            pass
-        try:
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                try:
-                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                except OSError:
-                    continue
-                if target.startswith(marker):
-                    names.add(target.split()[0])  # drops a " (deleted)" suffix
-        except OSError:
+            names.update(f.path for f in proc.open_files() if f.path.startswith(marker))
+        except (psutil.NoSuchProcess, psutil.AccessDenied):  # ZombieProcess is a NoSuchProcess
             pass
         for path in names:
-            users.setdefault(os.path.basename(path), set()).add(pid)
+            users.setdefault(os.path.basename(path), set()).add(proc.pid)
     return users
+
+
+def _mapped_files(pid: int, marker: str) -> set[str]:
+    """Paths starting with ``marker`` that process ``pid`` maps (none if it cannot be read).
+
+    Read from ``/proc/PID/maps``, not with psutil's ``memory_maps()``: that reads ``smaps``, where
+    the kernel walks every page table of the process to count its memory, holding its memory
+    lock (page faults of a running rank wait) and over ten times slower on a large process
+    (350 ms against 28 ms for 20 000 mappings and 1.6 GB resident). Only paths are needed here.
+    """
+    names = set()
+    try:
+        with open(f"/proc/{pid}/maps", "r", errors="replace") as f:
+            for line in f:
+                i = line.find(marker)
+                if i >= 0:
+                    names.add(line[i:].split()[0])   # drops a " (deleted)" suffix
+    except OSError:
+        pass
+    return names
 
 
 def segment_state(seg: segments.SegmentInfo, users: dict[str, set[int]] | None = None,

@@ -604,7 +604,13 @@ class _Supervisor:
 
     # -- stopping ----------------------------------------------------------------------------
     def stop(self, signum: int) -> None:
-        """Send ``signum`` to every rank's process tree and arm the SIGKILL after the grace time."""
+        """Send ``signum`` to every rank's process tree and arm the SIGKILL after the grace time.
+
+        The grace time runs in the main loop (``kill_at``), not in ``psutil.wait_procs``: that
+        sleeps in a loop of its own, and meanwhile the ranks' output must still be read (a rank
+        cleaning up after SIGTERM blocks on a full pipe and never exits) and a second signal
+        must still kill at once.
+        """
         if self.kill_at is None:
             self.stopped = [rk.rank for rk in self.ranks if rk.returncode is None]
             self.kill_at = time.monotonic() + self.cfg.grace
@@ -621,7 +627,8 @@ class _Supervisor:
 
     def _sweep_leftovers(self) -> None:
         # Ranks are gone; what remains are their children (daemons, orphans in their groups, or
-        # reparented to us as subreaper). They get the same SIGTERM, grace, SIGKILL treatment.
+        # reparented to us as subreaper). They get the same SIGTERM, grace, SIGKILL treatment,
+        # polled here while their output is pumped (see stop() for why not psutil.wait_procs).
         rank_pids = {rk.proc.pid for rk in self.ranks}
         kill_at = time.monotonic() + (0.0 if self.killed else self.cfg.grace)
         give_up = kill_at + 10.0  # only a process stuck in the kernel survives SIGKILL that long
@@ -701,16 +708,10 @@ def _group_alive(pgid: int) -> bool:
 def _reap_orphans(rank_pids: set[int]) -> None:
     # Orphans reparented to us (subreaper) become our zombies; Popen reaps only the ranks.
     try:
-        children = psutil.Process().children()
+        orphans = [p for p in psutil.Process().children() if p.pid not in rank_pids]
     except psutil.Error:
         return
-    for child in children:
-        if child.pid in rank_pids:
-            continue
-        try:
-            os.waitpid(child.pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
+    psutil.wait_procs(orphans, timeout=0)   # reaps those that have exited, waits for none
 
 
 def _become_subreaper() -> None:

@@ -151,6 +151,47 @@ def test_clean_keeps_a_mapped_segment_whatever_its_header_says(make_segment, job
         assert shmcomm_cli("ls", "--job", job).stdout.split()[-1] == "alive"
 
 
+_HOLDER = """
+import ctypes, mmap, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR)
+if sys.argv[2] == "mapped":
+    # libc's mmap, not Python's: mmap.mmap keeps a duplicate of the descriptor open
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    addr = libc.mmap(None, os.fstat(fd).st_size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    assert addr not in (None, ctypes.c_void_p(-1).value)   # MAP_FAILED
+    os.close(fd)          # only the mapping is left: no descriptor lists the file
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["mapped", "open"])
+def test_a_segment_only_mapped_or_only_open_in_another_process_is_alive(make_segment, job, how):
+    from shmcomm import cli
+
+    path = make_segment(job, [dead_pid()], part=how)   # the header names only a dead pid
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, path, how], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        fd_dir = f"/proc/{holder.pid}/fd"
+        fds = [os.readlink(f"{fd_dir}/{fd}") for fd in os.listdir(fd_dir)]
+        assert (path in fds) == (how == "open")
+        assert cli.segment_users().get(os.path.basename(path)) == {holder.pid}
+        assert shmcomm_cli("ls", "--job", job).stdout.split()[-1] == "alive"
+        assert "no stale segments" in shmcomm_cli("clean", "--job", job).stdout
+        assert os.path.exists(path)
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+    assert shmcomm_cli("ls", "--job", job).stdout.split()[-1] == "stale"
+
+
 @pytest.mark.timeout(30)
 def test_headerless_segment_is_stale_only_when_old(make_segment, job):
     path = make_segment(job, [0], part="nohdr", valid=False)
