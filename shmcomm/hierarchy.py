@@ -28,6 +28,7 @@ progress engine, so ``async_op=True`` returns a Work as on one node::
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 
@@ -150,25 +151,28 @@ class _LinkWork:
     def __init__(self, work, arrays):
         self._work, self._arrays = work, arrays
         self._error, self._done = None, False
+        self._lock = threading.Lock()  # one wait on gloo's Work at a time (see wait)
+        self._future = None
 
     def wait(self, timeout=None) -> bool:
         import datetime
 
-        if self._done:  # gloo's point-to-point wait is not idempotent: a second one waits for
-            if self._error is not None:  # another message
-                raise self._error
-            return True
-        try:
-            if timeout is None:
-                self._work.wait()
-            else:
-                self._work.wait(datetime.timedelta(seconds=float(timeout)))
-        except Exception as exc:  # noqa: BLE001 - the engine's error, as shmcomm's
+        with self._lock:
+            if self._done:  # gloo's point-to-point wait is not idempotent: a second one waits
+                if self._error is not None:  # for another message
+                    raise self._error
+                return True
+            try:
+                if timeout is None:
+                    self._work.wait()
+                else:
+                    self._work.wait(datetime.timedelta(seconds=float(timeout)))
+            except Exception as exc:  # noqa: BLE001 - the engine's error, as shmcomm's
+                self._done = True
+                self._error = ShmcommError(f"point-to-point across nodes failed: {exc}")
+                raise self._error from exc
             self._done = True
-            self._error = ShmcommError(f"point-to-point across nodes failed: {exc}")
-            raise self._error from exc
-        self._done = True
-        return True
+            return True
 
     def is_completed(self) -> bool:
         return self._done or self._work.is_completed()
@@ -185,8 +189,23 @@ class _LinkWork:
     def source_rank(self) -> int:
         return self._work._source_rank()
 
-    def get_future(self):
-        return self._work.get_future()
+    def get_future(self) -> _core.Future:
+        """A shmcomm Future holding ``result()`` (or the error) once the transfer is done, so
+        ``sc.wait_all``/``wait_any`` and ``then`` take these handles too. gloo gives no Future
+        for point to point: a daemon thread waits on its Work instead."""
+        with self._lock:
+            if self._future is None:
+                self._future = _core.Future()
+                threading.Thread(target=self._settle, name="shmcomm-link-work", daemon=True).start()
+            return self._future
+
+    def _settle(self) -> None:
+        try:
+            self.wait()
+        except Exception as exc:  # noqa: BLE001 - handed to the Future's waiters
+            self._future.set_exception(exc)
+        else:
+            self._future.set_result(self.result())
 
 
 # ---- the composed collectives ---------------------------------------------------------------------

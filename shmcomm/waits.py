@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from typing import Any, Iterable
 
 from shmcomm import _core
@@ -23,14 +24,36 @@ __all__ = ["collect_all", "wait_all", "wait_any"]
 
 
 def _futures(items: Iterable[Any], func: str) -> list[Future]:
+    """Each item as a Future: a Work (or a Work-like handle, as a group across nodes returns for
+    point to point) counts as its ``get_future()``."""
     futures = []
     for i, item in enumerate(items):
-        if isinstance(item, Work):
+        if not isinstance(item, Future) and callable(getattr(item, "get_future", None)):
             item = item.get_future()
-        elif not isinstance(item, Future):
+        if not isinstance(item, Future):
             raise TypeError(f"{func}: item {i} is a {type(item).__name__}, not a shmcomm Future or Work")
         futures.append(item)
     return futures
+
+
+# wait_any sleeps on one condition that every watched Future notifies when it completes. A Future
+# gets that callback once, however often it is waited on (Futures cannot drop a callback, so one
+# per call would pile up on a handle waited in a loop).
+_completed = threading.Condition()
+_watched: weakref.WeakSet = weakref.WeakSet()
+
+
+def _notify(_future) -> None:
+    with _completed:
+        _completed.notify_all()
+
+
+def _watch(future: Future) -> None:
+    with _completed:
+        if future in _watched:
+            return
+        _watched.add(future)
+    future.add_done_callback(_notify)  # outside the lock: it runs at once if already done
 
 
 def collect_all(futures: Iterable[Future | Work]) -> Future:
@@ -84,19 +107,16 @@ def wait_any(futures: Iterable[Future | Work], timeout: float | None = None) -> 
     items = _futures(futures, "wait_any")
     if not items:
         raise ValueError("wait_any needs at least one Future or Work")
-    woken = threading.Event()
     for f in items:
-        if f.done():
-            break
-        f.add_done_callback(lambda _f: woken.set())
+        _watch(f)
     deadline = None if timeout is None else time.monotonic() + float(timeout)
-    while True:
-        done = next((i for i, f in enumerate(items) if f.done()), None)
-        if done is not None:
-            return done
-        left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left <= 0:
-            raise CommTimeoutError(f"wait_any: none of {len(items)} operations finished within "
-                                   f"{timeout} s")
-        woken.wait(left)
-        woken.clear()
+    with _completed:  # a completion notifies under this lock: none is missed between check and wait
+        while True:
+            done = next((i for i, f in enumerate(items) if f.done()), None)
+            if done is not None:
+                return done
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise CommTimeoutError(f"wait_any: none of {len(items)} operations finished within "
+                                       f"{timeout} s")
+            _completed.wait(left)

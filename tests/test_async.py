@@ -170,6 +170,25 @@ def _done_future(value):
     return f
 
 
+def test_wait_any_in_a_loop_adds_one_callback_per_future():
+    """A handle polled with wait_any many times gets one completion callback, not one per call."""
+    import sys
+
+    from shmcomm import waits
+
+    pending = sc.Future()
+    with pytest.raises(sc.CommTimeoutError):
+        sc.wait_any([pending], timeout=0.001)
+    after_one = sys.getrefcount(waits._notify)  # the callback's references, held by the Future
+    for _ in range(50):
+        with pytest.raises(sc.CommTimeoutError):
+            sc.wait_any([pending], timeout=0.001)
+    after_many = sys.getrefcount(waits._notify)
+    assert after_many == after_one
+    threading.Timer(0.05, pending.set_result, (5,)).start()
+    assert sc.wait_any([pending], timeout=5) == 0 and pending.value() == 5
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_wait_all_and_wait_any_over_works_and_futures(world):

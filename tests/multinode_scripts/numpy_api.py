@@ -72,9 +72,14 @@ sc.gather(np.full(1, float(rank)), g, dst=0)
 assert rank != 0 or [a[0] for a in g] == list(range(size))
 if rank == 0:
     sc.send(np.arange(4.0), dst=size - 1, tag=5)
+    sc.send(np.arange(3.0), dst=size - 1, tag=6)
 elif rank == size - 1:
     buf = np.empty(4)
     assert sc.recv(buf, src=None, tag=5) == 0 and (buf == np.arange(4.0)).all()
+    work = sc.irecv(np.empty(3), src=0, tag=6)  # a handle between nodes, waited as any Work
+    assert sc.wait_any([work]) == 0
+    [got] = sc.wait_all([work])
+    assert (got[0] == np.arange(3.0)).all() and work.source_rank() == 0, got
 # uneven counts across nodes: rank q holds q + 1 elements
 counts = [q + 1 for q in range(size)]
 packed = np.concatenate([np.full(q + 1, float(q)) for q in range(size)])
