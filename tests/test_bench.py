@@ -7,6 +7,9 @@ and other suites run beside this one; nothing here asserts a time.
 from __future__ import annotations
 
 import csv
+import doctest
+import importlib
+import io
 import json
 import math
 import os
@@ -15,9 +18,13 @@ import subprocess
 import sys
 import threading
 
+import numpy as np
 import pytest
 
+import shmcomm
 from shmcomm import bench, segments
+from shmcomm.bench import dtypes, verify
+from shmcomm.bench.cases import Case
 
 TINY = ["-b", "8", "-e", "64", "-f", "8", "--iters", "3", "--warmup", "1", "-q"]
 
@@ -27,6 +34,11 @@ def run_main(capsys, *argv):
     status = bench.main(list(argv))
     out, err = capsys.readouterr()
     return status, out, err
+
+
+def bench_segments() -> set[str]:
+    """This user's segments of benchmark jobs (other suites of the same user may run beside)."""
+    return {s.name for s in segments.list_segments() if ".bench-" in s.name}
 
 
 def table_rows(text: str) -> list[list[str]]:
@@ -75,27 +87,31 @@ def test_busbw_factors_follow_the_spec(n):
         bench.busbw_factor("nope", n)
 
 
-def _record(backend, coll, size, variant, time_us):
-    return {"backend": backend, "collective": coll, "size": size, "count": size // 4, "type": "float32",
+def _record(backend, coll, size, variant, time_us, spread=(1.0, 1.0), dtype="float32"):
+    """A record as the tool makes them; ``spread``: (min, p90) as factors of the median."""
+    return {"backend": backend, "collective": coll, "size": size, "count": size // 4, "type": dtype,
             "redop": "sum", "root": -1, "variant": variant, "time_us": time_us,
+            "min_us": time_us * spread[0], "p90_us": time_us * spread[1], "busbw_factor": 1.0,
             "algbw_GBps": size / time_us / 1e3, "busbw_GBps": size / time_us / 1e3, "wrong": None}
 
 
 @pytest.mark.timeout(10)
-def test_format_table_columns_and_na_cells():
-    recs = [_record("shmcomm", "all_reduce", 8, "in-place", 2.0),
+def test_format_table_has_spread_columns_and_says_why_a_variant_is_missing():
+    recs = [_record("shmcomm", "all_reduce", 8, "in-place", 2.0, (0.5, 3.0)),
             _record("shmcomm", "all_reduce", 1024, "in-place", 4.0)]
     text = bench.format_table(recs, "shmcomm", "all_reduce")
     head = [line for line in text.splitlines() if line.startswith("#")]
     assert "out-of-place" in head[0] and "in-place" in head[0]
-    assert head[1].split()[1:] == ["size", "count", "type", "redop", "root", "time", "algbw", "busbw",
-                                   "#wrong", "time", "algbw", "busbw", "#wrong"]
+    per_variant = ["time", "min", "p90", "algbw", "busbw", "#wrong"]
+    assert head[1].split()[1:] == ["size", "count", "type", "redop", "root"] + per_variant * 2
     assert head[2].split()[1:3] == ["(B)", "(elements)"]
     rows = table_rows(text)
-    assert [r[:6] for r in rows] == [["8", "2", "float32", "sum", "-1", "n/a"],
-                                     ["1024", "256", "float32", "sum", "-1", "n/a"]]
-    assert rows[0][6:] == ["2.00", "0.00", "0.00", "N/A"]  # N/A: not checked
-    # every column of a row starts where its heading ends (right-aligned under the title)
+    assert [r[:5] for r in rows] == [["8", "2", "float32", "sum", "-1"], ["1024", "256", "float32", "sum", "-1"]]
+    assert rows[0][5:11] == ["-"] * 6  # out of place: not in shmcomm's API ...
+    assert "# - out-of-place: all_reduce is in place only in shmcomm's API" in text  # ... and why
+    assert "n/a" not in text
+    assert rows[0][11:] == ["2.00", "1.00", "6.00", "0.00", "0.00", "N/A"]  # N/A: not checked
+    # every column of a row ends where its heading ends (right-aligned under the title)
     names = head[1]
     data = [line for line in text.splitlines() if line.startswith(" ")][1]
     assert names.index("size") + len("size") == data.index("1024") + len("1024")
@@ -103,19 +119,22 @@ def test_format_table_columns_and_na_cells():
 
 
 @pytest.mark.timeout(10)
-def test_format_ratios_uses_the_variant_both_measured():
-    recs = [_record("shmcomm", "all_reduce", 8, "in-place", 2.0),
+def test_format_ratios_uses_medians_of_the_variant_both_measured_with_their_range():
+    recs = [_record("shmcomm", "all_reduce", 8, "in-place", 2.0, (0.5, 2.0)),
             _record("mpi", "all_reduce", 8, "out-of-place", 1.0),
-            _record("mpi", "all_reduce", 8, "in-place", 4.0),
+            _record("mpi", "all_reduce", 8, "in-place", 4.0, (0.5, 1.0)),
             _record("shmcomm", "all_reduce", 64, "in-place", 3.0),
             _record("mpi", "all_reduce", 64, "in-place", 1.0)]
     text = bench.format_ratios(recs, ["all_reduce"], ["gloo", "mpi"])
-    lines = {tuple(line.split()[:2]): line for line in text.splitlines() if not line.startswith("#")}
-    assert "0.5 (ip)" in lines[("all_reduce", "8")]  # 2 / 4 (in-place), not 2 / 1
-    assert "3 (ip)" in lines[("all_reduce", "64")]
-    assert lines[("all_reduce", "8")].split()[2] == "-"  # gloo did not run
-    geo = [line for line in text.splitlines() if "geomean" in line][0]
-    assert float(geo.split()[-1]) == pytest.approx(math.sqrt(0.5 * 3), rel=1e-2)
+    assert "of the medians" in text.splitlines()[0]
+    lines = {(line.split()[0], line.split()[4]): line for line in text.splitlines()
+             if not line.startswith("#") and "geomean" not in line}
+    # 2 / 4 (in-place), not 2 / 1; the range: 1 / 4 to 4 / 2
+    assert lines[("all_reduce", "8")].split()[5:] == ["-", "0.5", "[0.25,", "2]", "ip"]  # gloo did not run
+    assert lines[("all_reduce", "64")].split()[6:] == ["3", "[3,", "3]", "ip"]
+    (geo,) = [line.split() for line in text.splitlines() if "geomean" in line]
+    assert geo[:4] == ["all_reduce", "float32", "sum", "geomean"]
+    assert float(geo[-3]) == pytest.approx(math.sqrt(0.5 * 3), rel=1e-2)
 
 
 # ---- command line errors --------------------------------------------------------------------
@@ -129,7 +148,14 @@ def test_format_ratios_uses_the_variant_both_measured():
     (["all_reduce"], "-n/--nranks"),
     (["all_reduce", "-n", "2", "--backend", "shmcomm,nccl"], "unknown backend(s) nccl"),
     (["all_reduce", "-n", "2", "--dtype", "float128"], "unknown dtype 'float128'"),
-    (["all_reduce", "-n", "2", "--op", "avg", "--dtype", "int32"], "--op avg needs a floating-point"),
+    (["all_reduce", "-n", "2", "--op", "band", "--dtype", "int32,float32"],
+     "--op band does not apply to --dtype float32: bitwise ops need an integer or bool dtype"),
+    (["reduce", "-n", "2", "--op", "max", "--dtype", "complex64"], "complex numbers have no order"),
+    (["all_reduce", "-n", "2", "--op", "avg", "--dtype", "bool"], "bool has no average"),
+    (["all_reduce", "-n", "2", "--op", "nope"], "unknown op 'nope'"),
+    (["broadcast", "-n", "2", "--root", "2"], "--root 2 is not a rank of 2"),
+    (["broadcast", "-n", "2", "--root", "x"], "expected ranks"),
+    (["send_recv", "-n", "1"], "send_recv needs at least 2 ranks"),
     (["all_reduce", "-n", "2", "-f", "1"], "-f/--stepfactor must be greater than 1"),
 ])
 def test_bad_arguments_exit_2_with_a_clear_message(capsys, argv, message):
@@ -151,7 +177,8 @@ def test_python_dash_m_reports_bad_size_and_help():
     ok = subprocess.run([sys.executable, "-m", "shmcomm.bench", "--help"], capture_output=True, text=True,
                         timeout=50, env=env)
     assert ok.returncode == 0
-    for option in ("--zero-copy", "--check", "--backend", "--json", "--csv", "--plot", "--iters", "--warmup"):
+    for option in ("--zero-copy", "--check", "--backend", "--json", "--csv", "--plot", "--iters", "--warmup",
+                   "--dtype", "--op", "--root"):
         assert option in ok.stdout
 
 
@@ -165,8 +192,12 @@ def test_table_json_and_csv_of_a_small_sweep(capsys, tmp_path):
     rows = table_rows(out)
     assert [r[:5] for r in rows] == [["8", "2", "float32", "none", "-1"],
                                      ["64", "16", "float32", "none", "-1"]]
-    assert all(len(r) == 13 and r[8] == "0" and r[12] == "0" for r in rows)  # both variants checked
+    assert all(len(r) == 17 and r[10] == "0" and r[16] == "0" for r in rows)  # both variants checked
+    for r in rows:  # time (the median), min, p90 of each variant
+        for at in (5, 11):
+            assert float(r[at + 1]) <= float(r[at]) <= float(r[at + 2]), r
     assert "# Out of bounds values : 0 OK" in out
+    assert "'time' is the median over iterations" in out
 
     doc = json.loads(js.read_text())
     assert doc["meta"]["nranks"] == 2 and doc["meta"]["collectives"] == ["all_gather"]
@@ -181,7 +212,11 @@ def test_table_json_and_csv_of_a_small_sweep(capsys, tmp_path):
         assert r["algbw_GBps"] == pytest.approx(r["size"] / (r["time_us"] * 1e-6) / 1e9)
         assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 0.5)
         assert r["wrong"] == 0 and len(r["rank_times_us"]) == 2
-        assert r["time_us"] == pytest.approx(max(r["rank_times_us"]))
+        assert 0 < r["min_us"] <= r["time_us"] <= r["p90_us"]
+        assert r["min_us"] <= r["mean_us"]
+        # per iteration the slowest rank: its median is at least every rank's own median
+        assert r["time_us"] >= max(r["rank_times_us"]) * (1 - 1e-9)
+    assert doc["meta"]["version"] == shmcomm.__version__ and "median" in doc["meta"]["time"]
 
     with open(cs, newline="") as f:
         lines = list(csv.DictReader(f))
@@ -190,6 +225,7 @@ def test_table_json_and_csv_of_a_small_sweep(capsys, tmp_path):
     for line, rec in zip(lines, recs):
         assert line["size"] == str(rec["size"]) and line["variant"] == rec["variant"]
         assert float(line["busbw_GBps"]) == pytest.approx(rec["busbw_GBps"])
+        assert float(line["min_us"]) <= float(line["time_us"]) <= float(line["p90_us"])
         assert line["wrong"] == "0"
 
 
@@ -207,26 +243,89 @@ def test_check_finds_no_wrong_element_in_any_collective(capsys, tmp_path):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("dtype, op", [("float16", "max"), ("int8", "prod"), ("float64", "avg")])
-def test_check_on_three_ranks_zero_copy(capsys, tmp_path, dtype, op):
+def test_check_on_three_ranks_zero_copy(capsys, tmp_path):
     js = tmp_path / "zc.json"
     status, out, err = run_main(capsys, "reduce_scatter", "-n", "3", "-b", "12", "-e", "3K", "-f", "16",
-                                "--iters", "2", "--warmup", "0", "--dtype", dtype, "--op", op, "--zero-copy",
-                                "--check", "-q", "--json", str(js))
+                                "--iters", "2", "--warmup", "0", "--dtype", "float16,int8,float64",
+                                "--op", "max,prod,avg", "--zero-copy", "--check", "-q", "--json", str(js))
     assert status == 0, out + err
     recs = json.loads(js.read_text())["rows"]
-    assert recs and all(r["wrong"] == 0 and r["zero_copy"] and r["type"] == dtype for r in recs)
+    assert {(r["type"], r["redop"]) for r in recs} == {(d, o) for d in ("float16", "int8", "float64")
+                                                       for o in ("max", "prod", "avg")}
+    assert all(r["wrong"] == 0 and r["zero_copy"] for r in recs)
     assert "zero-copy (sc.empty)" in out
 
 
-@pytest.mark.timeout(120)
-def test_progress_lines_on_stderr(capsys):
-    status, out, err = run_main(capsys, "broadcast", "-n", "2", "-b", "8", "-e", "64", "-f", "8",
+@pytest.mark.timeout(60)
+def test_dtype_all_op_all_sweep_checks_every_pair_and_skips_invalid_ones_with_reasons(capsys, tmp_path):
+    js = tmp_path / "all.json"
+    status, out, err = run_main(capsys, "all_reduce", "-n", "2", "-b", "64", "-e", "64", "--iters", "1",
+                                "--warmup", "0", "--dtype", "all", "--op", "all", "--check", "-q",
+                                "--json", str(js))
+    assert status == 0, out + err
+    doc = json.loads(js.read_text())
+    ran = {(r["type"], r["redop"]) for r in doc["rows"]}
+    skipped = {(s["dtype"], s["op"]): s["reason"] for s in doc["skipped"]}
+    for name in dtypes.NAMES:
+        for op in bench.cases.OPS:
+            assert ((name, op) in ran) != ((name, op) in skipped), (name, op)  # one or the other
+    assert {"bool", "int16", "uint64", "float16", "bfloat16", "complex64", "complex128"} <= {t for t, _ in ran}
+    assert {("int16", "band"), ("bool", "bxor"), ("uint8", "avg"), ("complex128", "prod")} <= ran
+    assert skipped[("float32", "bor")] == "bitwise ops need an integer or bool dtype"
+    assert skipped[("complex64", "min")] == "complex numbers have no order (no min/max)"
+    assert skipped[("bool", "avg")] == "bool has no average"
+    assert all(r["wrong"] == 0 for r in doc["rows"])
+    assert "# skipped op band, bor, bxor on float16, bfloat16, float32" in out
+    assert ": bitwise ops need an integer or bool dtype" in out and "# Out of bounds values : 0 OK" in out
+
+
+@pytest.mark.timeout(60)
+def test_root_all_covers_every_rooted_collective_and_checks(capsys, tmp_path):
+    js = tmp_path / "roots.json"
+    status, out, err = run_main(capsys, "all", "-n", "3", "-b", "24", "-e", "24", "--iters", "1",
+                                "--warmup", "0", "--root", "all", "--dtype", "int32", "--op", "max",
+                                "--check", "-q", "--json", str(js))
+    assert status == 0, out + err
+    recs = json.loads(js.read_text())["rows"]
+    for coll in ("broadcast", "reduce", "gather", "scatter"):
+        assert {r["root"] for r in recs if r["collective"] == coll} == {0, 1, 2}, coll
+    assert {r["root"] for r in recs if r["collective"] == "all_reduce"} == {-1}
+    assert {r["redop"] for r in recs if r["collective"] == "reduce"} == {"max"}
+    assert {r["redop"] for r in recs if r["collective"] == "gather"} == {"none"}
+    assert all(r["wrong"] == 0 for r in recs)
+
+
+@pytest.mark.timeout(60)
+def test_progress_off_a_terminal_is_one_start_and_one_finish_line(capsys):
+    status, out, err = run_main(capsys, "broadcast", "-n", "2", "-b", "8", "-e", "512", "-f", "4",
                                 "--iters", "2")
-    assert status == 0
-    assert "[shmcomm] 1/2 broadcast 8 B: ip" in err
-    assert "[shmcomm] 2/2 broadcast 64 B: ip" in err
-    assert "[shmcomm]" not in out
+    assert status == 0, out + err
+    lines = err.splitlines()
+    assert len(lines) == 2, err  # no line per size (stderr is not a terminal here)
+    assert lines[0].startswith("shmcomm-bench: measuring broadcast on shmcomm: 4 steps")
+    assert re.match(r"shmcomm-bench: 4 of 4 steps in [\d.]+ s$", lines[1])
+    assert "\r" not in err and "shmcomm-bench:" not in out
+
+
+@pytest.mark.timeout(10)
+def test_progress_on_a_terminal_is_one_live_line():
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    stream = Tty()
+    progress = bench.progress.Progress(2, stream=stream)
+    progress.start("all_reduce on shmcomm")
+    for size in (8, 64):
+        progress("shmcomm", {"collective": "all_reduce", "dtype": "int16", "op": "bxor", "root": -1,
+                             "size": size, "results": {"in-place": {"time_us": 1.5}}})
+    assert stream.getvalue().count("\r") == 2 and "\n" not in stream.getvalue()
+    assert "2/2 [shmcomm] all_reduce int16 bxor 64 B: ip 1.5 us" in stream.getvalue()
+    progress.finish()
+    assert stream.getvalue().endswith("\n")
+    quiet = Tty()
+    bench.progress.Progress(2, enabled=False, stream=quiet).finish()
+    assert quiet.getvalue() == ""
 
 
 # ---- peers ----------------------------------------------------------------------------------
@@ -276,8 +375,8 @@ def test_ratio_summary_against_mpi(capsys, tmp_path):
     summary = out[out.index("# shmcomm time / peer time"):]
     ratio_rows = [line.split() for line in summary.splitlines()
                   if line.startswith("  reduce ") and "geomean" not in line]
-    assert [r[1] for r in ratio_rows] == ["8", "64"]
-    assert all(r[3] == "(ip)" and float(r[2]) > 0 for r in ratio_rows)
+    assert [r[4] for r in ratio_rows] == ["8", "64"]
+    assert all(r[-1] == "ip" and float(r[5]) > 0 for r in ratio_rows)
 
 
 @pytest.mark.timeout(180)
@@ -303,14 +402,14 @@ def test_peers_run_every_collective_and_check_clean(capsys, tmp_path, peer):
 
 @pytest.mark.timeout(60)
 def test_a_failing_worker_is_reported_and_leaves_nothing_behind():
-    cfg = {"collectives": ["all_reduce"], "sizes": [8], "dtype": "no-such-dtype", "op": "sum", "iters": 1,
+    cfg = {"cases": [Case("all_reduce", "float32", "no-such-op", -1)], "sizes": [8], "iters": 1,
            "warmup": 0, "target_time": 0.01, "zero_copy": False, "check": False, "timeout": 20}
-    before = {s.name for s in segments.list_segments()}
+    before = bench_segments()
     res = bench.run_backend("shmcomm", 2, cfg, timeout=40)
     assert res.status == "failed"
     assert re.search(r"rank [01] \(pid \d+\) ended with exit code 1", res.reason), res.reason
-    assert "no-such-dtype" in res.reason
-    assert {s.name for s in segments.list_segments()} <= before
+    assert "NO-SUCH-OP" in res.reason
+    assert bench_segments() <= before
 
 
 # ---- plot -----------------------------------------------------------------------------------
@@ -323,15 +422,49 @@ def test_plot_file_is_written(capsys, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.timeout(60)
+def test_plot_has_bands_labels_an_outside_legend_and_the_facts(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed")
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import PolyCollection
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)  # keep the figure to look at
+    recs = [dict(_record(b, "all_reduce", s, "in-place", t * s / 8 + 1, (0.5, 2.0)), busbw_factor=1.0)
+            for b, t in (("shmcomm", 1.0), ("gloo", 3.0)) for s in (8, 64, 512, 4096)]
+    png = tmp_path / "p.png"
+    bench.write_plot(str(png), recs, ["all_reduce"], "all_reduce, 2 ranks", "shmcomm 9.9 | 2 cores, 2 ranks")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (fig,) = figures
+    fig.canvas.draw()
+    assert "shmcomm 9.9" in fig._suptitle.get_text() and "2 cores" in fig._suptitle.get_text()
+    ax_t, ax_b = fig.axes
+    assert [t.get_text() for t in ax_t.get_xticklabels()][0] == "8"  # the first size is labelled
+    for ax in (ax_t, ax_b):  # a min-p90 band per backend
+        assert sum(isinstance(c, PolyCollection) for c in ax.collections) == 2
+    legend = ax_b.get_legend()
+    renderer = fig.canvas.get_renderer()
+    box = legend.get_window_extent(renderer)
+    assert not any(box.overlaps(ax.get_window_extent(renderer)) for ax in (ax_t, ax_b))
+    assert {t.get_text() for t in legend.get_texts()} == {"shmcomm in-place", "gloo in-place"}
+    # no blank band between the title and the panels
+    title_bottom = fig._suptitle.get_window_extent(renderer).y0
+    panels_top = max(ax.get_tightbbox(renderer).y1 for ax in (ax_t, ax_b))
+    assert 0 <= title_bottom - panels_top < 0.05 * fig.bbox.height
+    monkeypatch.undo()
+    plt.close(fig)
+
+
 @pytest.mark.timeout(30)
-def test_plot_without_matplotlib_is_a_clear_error_before_any_run(capsys, monkeypatch):
+def test_plot_without_matplotlib_is_a_clear_error_naming_the_plot_extra(capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
     with pytest.raises(SystemExit) as exc:
         bench.main(["all_reduce", "-n", "2", "--plot", "x.png"])
     assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert "--plot needs matplotlib" in err and "pip install" in err
-    assert "[shmcomm]" not in err  # refused before sweeping
+    assert "--plot needs matplotlib" in err and "pip install 'shmcomm[plot]'" in err
+    assert "shmcomm[bench]" not in err  # that extra pulls in torch and mpi4py too
+    assert "measuring" not in err  # refused before sweeping
 
 
 @pytest.mark.timeout(120)
@@ -388,8 +521,8 @@ def test_gate_blocks_until_opened_and_stops_the_worker_when_closed(tmp_path):
 @pytest.mark.timeout(10)
 def test_best_of_rounds_keeps_the_fastest_round_and_every_time():
     def row(size, rnd, t, wrong):
-        return {"collective": "all_reduce", "size": size, "round": rnd,
-                "results": {"in-place": {"time_us": t, "rank_times_us": [t, t / 2], "wrong": wrong}}}
+        return {"collective": "all_reduce", "dtype": "float32", "op": "sum", "root": -1, "size": size,
+                "round": rnd, "results": {"in-place": {"time_us": t, "rank_times_us": [t, t / 2], "wrong": wrong}}}
     merged = bench.report._best_of_rounds([row(8, 0, 3.0, 0), row(64, 0, 9.0, 0), row(8, 1, 2.0, 1),
                                            row(64, 1, 10.0, 0), row(8, 2, 4.0, 0)])
     assert [(r["size"], r["results"]["in-place"]["time_us"]) for r in merged] == [(8, 2.0), (64, 9.0)]
@@ -401,23 +534,29 @@ def test_best_of_rounds_keeps_the_fastest_round_and_every_time():
 
 
 @pytest.mark.timeout(180)
-def test_backends_take_turns_size_by_size_with_rounds(capsys, tmp_path):
+def test_backends_take_turns_step_by_step_with_rounds_and_skipped_cases(tmp_path):
     pytest.importorskip("torch")
-    js = tmp_path / "turns.json"
-    status, out, err = run_main(capsys, "all_reduce", "-n", "2", "-b", "8", "-e", "64", "-f", "8",
-                                "--iters", "3", "--warmup", "1", "--rounds", "2", "--check",
-                                "--backend", "shmcomm,gloo", "--json", str(js))
-    assert status == 0, out + err
-    done = re.findall(r"^\[(\w+)\] \d+/4 all_reduce (\d+) B", err, re.M)
-    # Each size: every backend once per round, the order alternating, before the next size.
-    assert done == [("shmcomm", "8"), ("gloo", "8"), ("gloo", "8"), ("shmcomm", "8"),
-                    ("shmcomm", "64"), ("gloo", "64"), ("gloo", "64"), ("shmcomm", "64")]
-    assert "best of 2 rounds" in out and "# Out of bounds values : 0 OK" in out
-    doc = json.loads(js.read_text())
-    assert doc["meta"]["rounds"] == 2
-    recs = doc["rows"]
-    assert sorted((r["backend"], r["size"]) for r in recs) == [("gloo", 8), ("gloo", 64),
-                                                              ("shmcomm", 8), ("shmcomm", 64)]
+    # gloo has no int16: shmcomm measures it alone, and the turns of the other steps stay paired
+    cases = [Case("all_reduce", "float32", "sum", -1), Case("all_reduce", "int16", "sum", -1),
+             Case("all_reduce", "float32", "max", -1)]
+    cfg = {"cases": cases, "sizes": [8, 64], "iters": 3, "warmup": 1, "target_time": 0.01, "zero_copy": False,
+           "check": True, "timeout": 60, "rounds": 2}
+    done = []
+    shm, gloo = bench.run_backends(["shmcomm", "gloo"], 2, cfg,
+                                   lambda backend, row: done.append((backend, row["dtype"], row["op"], row["size"])))
+    assert shm.status == gloo.status == "ok", shm.reason + gloo.reason
+    assert [(c.dtype, why) for c, why in gloo.skipped] == [("int16", "torch.distributed gloo has no int16")]
+    expected, turn = [], 0
+    for case in cases:  # each step: every backend that runs it, the order alternating, per round
+        for size in (8, 64):
+            for _ in range(2):
+                order = ["shmcomm", "gloo"] if turn % 2 == 0 else ["gloo", "shmcomm"]
+                expected += [(b, case.dtype, case.op, size) for b in order
+                             if b == "shmcomm" or case.dtype != "int16"]
+                turn += 1
+    assert done == expected
+    recs = bench.report._records([shm, gloo], 2, cfg)
+    assert len(recs) == 10  # shmcomm 3 cases x 2 sizes, gloo 2 x 2 (in place only)
     for r in recs:
         assert len(r["round_times_us"]) == 2 and r["time_us"] == min(r["round_times_us"])
         assert r["wrong"] == 0
@@ -428,9 +567,8 @@ def test_a_backend_that_dies_mid_sweep_leaves_the_others_running():
     pytest.importorskip("torch")
     import psutil
 
-    cfg = {"collectives": ["all_reduce"], "sizes": [8, 64, 512], "dtype": "float32", "op": "sum",
-           "iters": 3, "warmup": 1, "target_time": 0.01, "zero_copy": False, "check": True,
-           "timeout": 20, "rounds": 1}
+    cfg = {"cases": [Case("all_reduce", "float32", "sum", -1)], "sizes": [8, 64, 512], "iters": 3,
+           "warmup": 1, "target_time": 0.01, "zero_copy": False, "check": True, "timeout": 20, "rounds": 1}
     killed = []
 
     def progress(backend, row):  # after shmcomm's first size, SIGKILL its rank 1
@@ -445,7 +583,7 @@ def test_a_backend_that_dies_mid_sweep_leaves_the_others_running():
             except psutil.Error:  # exited meanwhile
                 pass
 
-    before = {s.name for s in segments.list_segments()}
+    before = bench_segments()
     shm, gloo = bench.run_backends(["shmcomm", "gloo"], 2, cfg, progress, timeout=40)
     assert killed
     assert shm.status == "failed" and len(shm.rows) == 1
@@ -453,14 +591,14 @@ def test_a_backend_that_dies_mid_sweep_leaves_the_others_running():
     assert gloo.status == "ok", gloo.reason
     assert [r["size"] for r in gloo.rows] == [8, 64, 512]
     assert all(m["wrong"] == 0 for r in gloo.rows for m in r["results"].values())
-    assert {s.name for s in segments.list_segments()} <= before
+    assert bench_segments() <= before
 
 
 
 @pytest.mark.timeout(180)
 def test_dtype_list_is_swept_and_compared_per_dtype(capsys, tmp_path):
-    """--dtype float32,float16,bfloat16: one table per dtype and backend, checked, and shmcomm/gloo
-    ratios per dtype at the end (gloo where torch is installed)."""
+    """--dtype float32,float16,bfloat16: one table per backend with a type column, checked, and
+    shmcomm/gloo ratios with a geometric mean per dtype (gloo where torch is installed)."""
     pytest.importorskip("ml_dtypes")
     backends = "shmcomm,gloo" if bench.backend_available("gloo")[0] else "shmcomm"
     js = tmp_path / "d.json"
@@ -470,22 +608,77 @@ def test_dtype_list_is_swept_and_compared_per_dtype(capsys, tmp_path):
     doc = json.loads(js.read_text())
     assert doc["meta"]["dtype"] == ["float32", "float16", "bfloat16"]
     for backend in backends.split(","):
-        types = {r["type"] for r in doc["rows"] if r["backend"] == backend}
-        assert types == {"float32", "float16", "bfloat16"}, (backend, types)
+        types = [r["type"] for r in doc["rows"] if r["backend"] == backend]
+        assert types == ["float32"] * 2 + ["float16"] * 2 + ["bfloat16"] * 2, (backend, types)
     assert all(r["wrong"] == 0 for r in doc["rows"])
-    for dtname in ("float32", "float16", "bfloat16"):
-        assert f"# ===== dtype {dtname} =====" in out
     if "gloo" in backends:
-        summary = out.split("# ===== per dtype, in this run =====")[1]
-        assert all(f"# {d}\n" in summary for d in ("float32", "float16", "bfloat16"))
-        assert summary.count("vs gloo") == 3
+        summary = out[out.index("# shmcomm time / peer time"):]
+        geo = [line.split()[1] for line in summary.splitlines() if "geomean" in line]
+        assert geo == ["float32", "float16", "bfloat16", "all"]
 
 
 @pytest.mark.timeout(60)
-def test_bitwise_ops_are_offered_and_checked(capsys):
-    status, out, err = run_main(capsys, "all_reduce", "-n", "3", *TINY, "--check", "--dtype", "int16",
-                                "--op", "bxor")
+def test_bitwise_ops_on_int16_and_bool_are_checked_clean(capsys, tmp_path):
+    js = tmp_path / "bits.json"
+    status, out, err = run_main(capsys, "all_reduce", "-n", "3", *TINY, "--check", "--dtype", "int16,bool",
+                                "--op", "band,bor,bxor", "--json", str(js))
     assert status == 0, out + err
-    assert "bxor" in out and "Out of bounds values : 0 OK" in out
-    with pytest.raises(SystemExit):
-        bench.parse_args(["all_reduce", "-n", "2", "--dtype", "float32,int8", "--op", "band"])
+    recs = json.loads(js.read_text())["rows"]
+    assert {(r["type"], r["redop"]) for r in recs} == {(d, o) for d in ("int16", "bool")
+                                                       for o in ("band", "bor", "bxor")}
+    assert all(r["wrong"] == 0 for r in recs) and "Out of bounds values : 0 OK" in out
+
+
+# ---- cases, dtypes and references, in this process ------------------------------------------
+@pytest.mark.timeout(10)
+def test_invalid_pairs_come_from_the_library_and_peers_say_why():
+    assert bench.why_invalid("float64", "band") == "bitwise ops need an integer or bool dtype"
+    assert bench.why_invalid("complex128", "max") == "complex numbers have no order (no min/max)"
+    assert bench.why_invalid("bool", "avg") == "bool has no average"
+    assert all(bench.why_invalid(d, "sum") is None for d in dtypes.NAMES)
+    assert bench.why_invalid("int8", "avg") is None and bench.why_invalid("bool", "bxor") is None
+    assert bench.peer_skip("gloo", Case("broadcast", "uint16", "none", 0)) == "torch.distributed gloo has no uint16"
+    assert bench.peer_skip("gloo", Case("all_reduce", "complex64", "prod", -1)).startswith("gloo reduces complex")
+    assert bench.peer_skip("mpi", Case("all_reduce", "bool", "sum", -1)).startswith("MPI's C_BOOL")
+    assert bench.peer_skip("mpi", Case("broadcast", "bool", "none", 0)) is None
+    cases, skipped = bench.expand(["barrier", "gather"], ["int8", "float32"], ["sum"], [0, 1], 2)
+    assert [tuple(c) for c in cases] == [("barrier", "int8", "none", -1), ("gather", "int8", "none", 0),
+                                         ("gather", "int8", "none", 1), ("gather", "float32", "none", 0),
+                                         ("gather", "float32", "none", 1)]
+    assert skipped == []
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("name", ["bool", "int8", "uint16", "int64", "float16", "bfloat16", "complex64"])
+@pytest.mark.parametrize("op", ["sum", "prod", "min", "avg", "bxor"])
+def test_references_are_numpy_arithmetic_on_the_patterns(name, op):
+    if bench.why_invalid(name, op):
+        pytest.skip(bench.why_invalid(name, op))
+    pytest.importorskip("ml_dtypes")
+    dt, n = dtypes.bench_dtype(name), 3
+    inputs = [verify.pattern(q, 16, dt, op) for q in range(n)]
+    assert len({a.tobytes() for a in inputs}) == n  # every rank holds something else
+    # what the library's own kernel computes for the same inputs, locally, must equal the reference
+    out = np.empty(16, dt.storage)
+    shmcomm._core.reduce_kernel(out, inputs, int(bench.cases.reduce_op(op)))
+    assert verify.count_wrong(out, verify.reference(16, n, dt, op), dt) == 0
+    wrong = out.copy()  # and one element off is one wrong element
+    wrong[3:4] = ~out[3:4] if name == "bool" else dt.encode(dt.decode(out[3:4]) + 1)
+    assert verify.count_wrong(wrong, verify.reference(16, n, dt, op), dt) == 1
+
+
+@pytest.mark.timeout(10)
+def test_bfloat16_without_ml_dtypes_is_held_as_its_bits():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    bits = dtypes.BenchDtype("bfloat16", np.dtype(np.uint16), bits16=True)
+    values = np.array([0.0, 1.0, -3.0, 1 / 3, 2 / 3, 257.0, 1e-3])
+    assert np.array_equal(bits.encode(values), values.astype(ml_dtypes.bfloat16).view(np.uint16))
+    assert np.array_equal(bits.decode(bits.encode(values)), values.astype(ml_dtypes.bfloat16).astype(np.float64))
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("module", ["table", "dtypes", "cases", "verify", "measure", "report", "sizes", "workers"])
+def test_docstring_examples_of_the_bench_run(module):
+    mod = importlib.import_module(f"shmcomm.bench.{module}")
+    result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0

@@ -1,11 +1,11 @@
-"""Command line: argument types, the parser and its cross-checks, ``run`` (sweep every backend, print
-and write the reports) and ``main`` (also the entry of the worker processes)."""
+"""Command line: argument types, the parser and its cross-checks (which dtype/op/root combinations
+run), ``run`` (sweep every backend, print and write the reports) and ``main`` (also the entry of
+the worker processes)."""
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import os
 import platform
@@ -13,14 +13,20 @@ import shlex
 import sys
 import traceback
 
-from .common import (BACKENDS, COLLECTIVES, EXIT_USAGE, PROG, _DTYPES, _OP_ALIASES, _OPS, BenchError,
-                     _is_float, _numpy_dtype)
-from .runner import run_backends
-from shmcomm.launch import usable_cores
+import shmcomm
+from shmcomm.cpus import usable_cores
+
+from . import dtypes
+from .cases import ANY, OP_ALIASES, OPS, Case, expand, steps
+from .common import BACKENDS, COLLECTIVES, EXIT_USAGE, PROG, BenchError
 from .measure import _worker_main
-from .report import (_header, _import_pyplot, _Progress, _records, format_ratios, format_table, write_csv,
-                     write_json, write_plot)
-from .sizes import collective_sizes, format_size, parse_size, sweep_sizes
+from .plot import import_pyplot, write_plot
+from .progress import Progress
+from .report import _records, format_ratios, format_skips, format_table, write_csv, write_json
+from .runner import backend_cases, run_backends
+from .sizes import format_size, parse_size, sweep_sizes
+
+ALL = "all"
 
 
 def _size_arg(text: str) -> int:
@@ -30,24 +36,37 @@ def _size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _dtype_arg(text: str) -> list[str]:
-    """A comma-separated list of dtype names or aliases -> canonical names, in order, once each."""
-    names = []
-    for part in text.split(","):
-        name = part.strip().lower()
-        canonical = next((c for c, aliases in _DTYPES.items() if name == c or name in aliases), None)
-        if canonical is None:
-            raise argparse.ArgumentTypeError(f"unknown dtype {part.strip()!r}; choose from {', '.join(_DTYPES)}")
-        if canonical not in names:
-            names.append(canonical)
-    return names
+def _names_arg(what: str, names, spell):
+    """An argparse type: a comma list of ``names`` (``spell`` maps aliases) or ``all``, in order,
+    once each."""
+    def parse(text: str) -> list[str]:
+        out = []
+        for part in text.split(","):
+            name = ALL if part.strip().lower() == ALL else spell(part)
+            if name is None:
+                raise argparse.ArgumentTypeError(f"unknown {what} {part.strip()!r}; choose from all, "
+                                                 f"{', '.join(names)}")
+            if name not in out:
+                out.append(name)
+        return out
+    return parse
 
 
-def _op_arg(text: str) -> str:
-    name = _OP_ALIASES.get(text.strip().lower(), text.strip().lower())
-    if name not in _OPS:
-        raise argparse.ArgumentTypeError(f"unknown op {text!r}; choose from {', '.join(_OPS)}")
-    return name
+def _spell_op(text: str) -> str | None:
+    name = OP_ALIASES.get(text.strip().lower(), text.strip().lower())
+    return name if name in OPS else None
+
+
+def _root_arg(text: str) -> list:
+    if text.strip().lower() == ALL:
+        return [ALL]
+    try:
+        roots = [int(part) for part in text.split(",")]
+    except ValueError:
+        roots = [-1]
+    if min(roots) < 0:
+        raise argparse.ArgumentTypeError(f"expected ranks (integers >= 0, comma-separated) or all, got {text!r}")
+    return list(dict.fromkeys(roots))
 
 
 def _backends_arg(text: str) -> list[str]:
@@ -63,7 +82,7 @@ def _collective_arg(text: str) -> str:
     name = text.strip().lower().replace("-", "_")
     name = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
             "alltoall": "all_to_all", "sendrecv": "send_recv", "bcast": "broadcast"}.get(name, name)
-    if name != "all" and name not in COLLECTIVES:
+    if name != ALL and name not in COLLECTIVES:
         raise argparse.ArgumentTypeError(f"unknown collective {text!r}; choose from all, "
                                          f"{', '.join(COLLECTIVES)}")
     return name
@@ -96,18 +115,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG, description="Sweep message sizes for shmcomm's collectives (nccl-tests columns), "
         "optionally against torch.distributed gloo and MPI measured in the same run.",
-        epilog="Times are the maximum over ranks of the mean per-call time. Sizes take K/M/G (x1024).")
+        epilog="Every iteration is timed; its time is the slowest rank's. Rows show the median "
+        "(time), min and p90 over iterations. Sizes take K/M/G (x1024).")
     p.add_argument("collective", type=_collective_arg, metavar="COLLECTIVE|all",
                    help=f"one of: {', '.join(COLLECTIVES)}; or all")
     p.add_argument("-n", "--nranks", type=_positive_int, required=True, help="number of ranks")
     p.add_argument("-b", "--minbytes", type=_size_arg, default=8, help="smallest size (default 8)")
     p.add_argument("-e", "--maxbytes", type=_size_arg, default=64 << 20, help="largest size (default 64M)")
     p.add_argument("-f", "--stepfactor", type=float, default=2.0, help="size multiplier (default 2)")
-    p.add_argument("--dtype", type=_dtype_arg, default=["float32"],
-                   help=f"one or more, comma-separated (each swept in turn, every backend compared per "
-                   f"dtype): {', '.join(_DTYPES)}")
-    p.add_argument("--op", type=_op_arg, default="sum",
-                   help=f"one of {', '.join(_OPS)} (reducing collectives)")
+    p.add_argument("--dtype", type=_names_arg("dtype", dtypes.NAMES, dtypes.canonical), default=["float32"],
+                   help=f"one, a comma list, or all (default float32): {', '.join(dtypes.NAMES)}")
+    p.add_argument("--op", type=_names_arg("op", OPS, _spell_op), default=["sum"],
+                   help=f"reduction of all_reduce, reduce, reduce_scatter: one, a comma list, or all "
+                   f"(default sum): {', '.join(OPS)}")
+    p.add_argument("--root", type=_root_arg, default=[0],
+                   help="root rank of broadcast, reduce, gather, scatter: one, a comma list, or all "
+                   "(default 0)")
     p.add_argument("--iters", type=_positive_int, default=None,
                    help="timed iterations per size (default: about --target-time seconds' worth)")
     p.add_argument("--warmup", type=_nonneg_int, default=None,
@@ -119,18 +142,49 @@ def build_parser() -> argparse.ArgumentParser:
                    "time and take turns size by size")
     p.add_argument("--rounds", type=_positive_int, default=1,
                    help="measure every size this many times per backend, taking turns, and report "
-                   "the best (default 1)")
+                   "the round with the best median (default 1)")
     p.add_argument("--zero-copy", action="store_true", help="shmcomm buffers from sc.empty (shared memory)")
-    p.add_argument("--check", action="store_true", help="verify results against numpy (#wrong column)")
+    p.add_argument("--check", action="store_true",
+                   help="verify every result against a numpy reference (#wrong column)")
     p.add_argument("--json", metavar="FILE", help="write every row of every backend as JSON")
     p.add_argument("--csv", metavar="FILE", help="write every row of every backend as CSV")
-    p.add_argument("--plot", metavar="FILE.png", help="time and busbw against size (needs matplotlib)")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="time and busbw against size, median and min-p90 band (needs matplotlib)")
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
                    help="stop a backend that finishes no size for this long (default 300)")
     p.add_argument("--mpirun-args", default="", metavar="ARGS",
                    help="extra mpirun arguments, e.g. \"--bind-to none\"")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     return p
+
+
+def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Expand ``all`` and check the combinations: sets ``collectives``, ``cases`` and ``skipped``
+    on ``args``. In an ``all`` sweep invalid combinations are skipped with their reason; asked for
+    by name, they are an error."""
+    n = args.nranks
+    args.collectives = list(COLLECTIVES) if args.collective == ALL else [args.collective]
+    sweep_all = ALL in args.dtype or ALL in args.op
+    names = list(dtypes.NAMES) if ALL in args.dtype else args.dtype
+    ops = list(OPS) if ALL in args.op else args.op
+    roots = list(range(n)) if ALL in args.root else args.root
+    if max(roots) >= n:
+        parser.error(f"--root {max(roots)} is not a rank of {n} (0 to {n - 1})")
+    held = [d for d in names if dtypes.unavailable(d) is None]
+    if ALL not in args.dtype and len(held) < len(names):
+        parser.error(f"--dtype: {dtypes.unavailable(next(d for d in names if d not in held))}")
+    cases, skipped = expand(args.collectives, held, ops, roots, n)
+    invalid = [(c, why) for c, why in skipped if c.dtype != ANY]
+    if invalid and not sweep_all:
+        case, why = invalid[0]
+        parser.error(f"--op {case.op} does not apply to --dtype {case.dtype}: {why} (a sweep with "
+                     f"--op all or --dtype all skips such pairs)")
+    if not cases:
+        parser.error("nothing to run: " + "; ".join(dict.fromkeys(why for _, why in skipped)))
+    # the dtypes this Python cannot hold: skips of every backend
+    skipped += [(Case(ALL, d, "none", -1), dtypes.unavailable(d)) for d in names if d not in held]
+    args.cases, args.skipped = cases, skipped
+    args.dtypes, args.ops, args.roots = held, ops, roots
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -138,7 +192,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     Example::
 
-        args = parse_args(["all_reduce", "-n", "2", "-b", "8", "-e", "1M"])
+        args = parse_args(["all_reduce", "-n", "2", "-b", "8", "-e", "1M", "--dtype", "all"])
+        len(args.cases), args.skipped[0]
     """
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -153,28 +208,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"-f/--stepfactor must be greater than 1, got {args.stepfactor:g}")
     if not args.target_time > 0 or not args.timeout > 0:
         parser.error("--target-time and --timeout must be positive")
-    floats = [d for d in args.dtype if _is_float(d)]
-    integers = [d for d in args.dtype if not _is_float(d)]
-    if args.op == "avg" and integers:
-        parser.error(f"--op avg needs a floating-point --dtype, got {', '.join(integers)}")
-    if args.op in ("band", "bor", "bxor") and floats:
-        parser.error(f"--op {args.op} needs an integer --dtype, got {', '.join(floats)}")
-    if "bfloat16" in args.dtype and importlib.util.find_spec("ml_dtypes") is None:
-        parser.error("--dtype bfloat16 needs the ml_dtypes package (pip install ml_dtypes)")
+    _plan(args, parser)
     if args.plot:
         try:
-            _import_pyplot()
+            import_pyplot()
         except BenchError as exc:  # say so now, not after a long sweep
             parser.error(str(exc))
     return args
 
 
-def _config(args, collectives: list[str]) -> dict:
-    return {"nranks": args.nranks, "collectives": collectives,
+def _config(args) -> dict:
+    return {"cases": [list(c) for c in args.cases],
             "sizes": sweep_sizes(args.minbytes, args.maxbytes, args.stepfactor),
-            "dtype": args.dtype, "op": args.op, "iters": args.iters, "warmup": args.warmup,
-            "target_time": args.target_time, "zero_copy": args.zero_copy, "check": args.check,
-            "timeout": args.timeout, "rounds": args.rounds}
+            "iters": args.iters, "warmup": args.warmup, "target_time": args.target_time,
+            "zero_copy": args.zero_copy, "check": args.check, "timeout": args.timeout, "rounds": args.rounds}
 
 
 def _loadavg() -> float | None:
@@ -184,8 +231,38 @@ def _loadavg() -> float | None:
         return None
 
 
+def _one_or_list(values: list):
+    return values[0] if len(values) == 1 else values
+
+
+def _preamble(args, cfg: dict) -> list[str]:
+    """What ran and how to read the numbers, above the tables (as nccl-tests prints its setup)."""
+    sizes = cfg["sizes"]
+    span = f"size {format_size(sizes[0])}" if len(sizes) == 1 else \
+        f"sizes {format_size(sizes[0])} to {format_size(sizes[-1])}, x{args.stepfactor:g}"
+    iters = f"{args.iters} iters" if args.iters else f"auto iters (~{args.target_time:g} s per size)"
+    iters += f", {args.warmup} warmup" if args.warmup is not None else ""
+    if args.rounds > 1:
+        iters += f", best median of {args.rounds} rounds"
+    return [f"# {PROG} {shmcomm.__version__} | {args.nranks} ranks on {len(usable_cores())} cores "
+            f"({platform.machine()}) | {span} | dtype {','.join(args.dtypes)} | op {','.join(args.ops)} | "
+            f"root {','.join(map(str, args.roots))} | {iters} | check {'on' if args.check else 'off'}",
+            "# time: each iteration is timed on every rank and takes the slowest rank's time; "
+            "'time' is the median over iterations, 'min' and 'p90' the fastest and the 90th "
+            "percentile; algbw and busbw use the median"]
+
+
+def _header(res, args, collective: str) -> str:
+    """The title line above one backend's table of one collective."""
+    version = ", ".join(f"{k} {v}" if k != "mpi" else v for k, v in res.versions.items())
+    mode = ""
+    if res.backend == "shmcomm":
+        mode = ", zero-copy (sc.empty)" if args.zero_copy else ", numpy buffers (copy)"
+    return f"# {PROG} {collective} | backend {res.backend} ({version}{mode}) | {args.nranks} ranks"
+
+
 def run(args: argparse.Namespace, out=None) -> int:
-    """Run the parsed command: sweep every backend for each dtype, print tables and ratios, write files.
+    """Run the parsed command: sweep every backend, print tables and ratios, write the files.
 
     Returns the exit status: 0, or 1 if a backend failed or ``--check`` found wrong elements.
     Example::
@@ -193,102 +270,90 @@ def run(args: argparse.Namespace, out=None) -> int:
         sys.exit(run(parse_args(["barrier", "-n", "2"])))
     """
     out = out or sys.stdout
-    collectives = list(COLLECTIVES) if args.collective == "all" else [args.collective]
-    dtypes = args.dtype
-    status, records, results, peers, loads = 0, [], [], [], []
-    for dtname in dtypes:
-        if len(dtypes) > 1:
-            print(f"#\n# ===== dtype {dtname} =====", file=out)
-        one = argparse.Namespace(**{**vars(args), "dtype": dtname})
-        swept = _sweep(one, collectives, out)
-        if swept is None:
-            return 130
-        dt_status, dt_results, dt_records, dt_peers, dt_loads = swept
-        status = status or dt_status
-        records += dt_records
-        results += dt_results
-        peers += [p for p in dt_peers if p not in peers]
-        loads.append(dt_loads)
-    if len(dtypes) > 1 and peers:
-        print("#\n# ===== per dtype, in this run =====", file=out)
-        for dtname in dtypes:
-            mine = [r for r in records if r["type"] == dtname]
-            if any(r["backend"] == "shmcomm" for r in mine):
-                print(f"# {dtname}\n" + format_ratios(mine, collectives, peers), file=out)
-    cfg = _config(args, collectives)
-    meta = {"tool": PROG, "argv": getattr(args, "argv", None), "nranks": args.nranks, "cores": len(usable_cores()),
-            "collectives": collectives, "sizes": cfg["sizes"],
-            "dtype": dtypes[0] if len(dtypes) == 1 else dtypes, "op": args.op,
-            "iters": args.iters, "warmup": args.warmup, "target_time": args.target_time,
-            "rounds": args.rounds,
-            "zero_copy": args.zero_copy, "check": args.check, "loadavg_before": loads[0][0],
-            "loadavg_after": loads[-1][1], "python": platform.python_version(),
-            "machine": platform.machine(), "date": datetime.datetime.now().isoformat(timespec="seconds")}
+    cfg = _config(args)
+    total = sum(len(steps(backend_cases(b, args.cases)[0], cfg["sizes"], args.nranks, args.rounds))
+                for b in args.backend)
+    progress = Progress(total, enabled=not args.quiet)
+    progress.start(f"{', '.join(args.collectives) if len(args.collectives) < 3 else 'all collectives'} "
+                   f"on {', '.join(args.backend)}")
+    load_before = _loadavg()
+    try:
+        results = run_backends(args.backend, args.nranks, cfg, progress, args.timeout,
+                               shlex.split(args.mpirun_args))
+    except KeyboardInterrupt:
+        results = None
+    progress.finish()
+    if results is None:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    load_after = _loadavg()
+    records = _records(results, args.nranks, cfg)
+    status = _print_report(args, cfg, results, records, (load_before, load_after), out)
+    meta = {"tool": PROG, "version": shmcomm.__version__, "argv": getattr(args, "argv", None),
+            "nranks": args.nranks, "cores": len(usable_cores()), "collectives": args.collectives,
+            "sizes": cfg["sizes"], "dtype": _one_or_list(args.dtypes), "op": _one_or_list(args.ops),
+            "root": _one_or_list(args.roots), "iters": args.iters, "warmup": args.warmup,
+            "target_time": args.target_time, "rounds": args.rounds, "zero_copy": args.zero_copy,
+            "check": args.check, "time": "time_us: median over iterations of the slowest rank's time; "
+            "min_us, p90_us: minimum and 90th percentile of the same", "loadavg_before": load_before,
+            "loadavg_after": load_after, "python": platform.python_version(), "machine": platform.machine(),
+            "date": datetime.datetime.now().isoformat(timespec="seconds")}
     if args.json:
-        write_json(args.json, meta, results, records)
+        write_json(args.json, meta, results, records, args.skipped)
     if args.csv:
         write_csv(args.csv, records)
     if args.plot:
         try:
-            title = f"{args.nranks} ranks, {', '.join(dtypes)}, {len(usable_cores())} cores"
-            write_plot(args.plot, records, collectives, title)
+            write_plot(args.plot, records, args.collectives,
+                       f"{PROG}: {args.nranks} ranks, {', '.join(args.dtypes)}, op {', '.join(args.ops)}",
+                       f"shmcomm {shmcomm.__version__} | {meta['date'].replace('T', ' ')} | "
+                       f"{platform.machine()}, {meta['cores']} cores, {args.nranks} ranks | "
+                       f"line: median, band: min to p90")
         except BenchError as exc:
             print(f"{PROG}: {exc}", file=sys.stderr)
             status = status or 1
     return status
 
 
-def _sweep(args: argparse.Namespace, collectives: list[str], out):
-    """One dtype's sweep over every backend, its tables and ratios printed. Returns (status,
-    results, records, peers that ran, (load before, load after)), or None when interrupted."""
-    cfg = _config(args, collectives)
-    itemsize = _numpy_dtype(args.dtype).itemsize
-    total = args.rounds * sum(len(collective_sizes(c, cfg["sizes"], args.nranks, itemsize))
-                              for c in collectives)
-    progress = _Progress(total, enabled=not args.quiet)
-    mpi_args = shlex.split(args.mpirun_args) if args.mpirun_args else []
-    load_before = _loadavg()
-    try:
-        results = run_backends(args.backend, args.nranks, cfg, progress, args.timeout, mpi_args)
-        progress.finish()
-    except KeyboardInterrupt:
-        progress.finish()
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return None
-    records = _records(results, args.nranks, cfg)
-    load_after = _loadavg()
+def _print_report(args, cfg, results, records, loads, out) -> int:
+    """Print the preamble, skips, tables, check summary, load and ratios; returns the exit status."""
     status = 0
+    lines = _preamble(args, cfg) + format_skips(args.skipped)
     for res in results:
         if res.status == "skipped":
-            print(f"# backend {res.backend}: skipped ({res.reason})", file=out)
-        elif res.status == "failed":
+            lines.append(f"# backend {res.backend}: skipped ({res.reason})")
+        else:
+            lines += format_skips(res.skipped, f"backend {res.backend}:")
+        if res.status == "failed":
             status = 1
-            reason = "\n".join("#   " + line for line in res.reason.splitlines())
-            print(f"# backend {res.backend}: FAILED\n{reason}", file=out)
-        for w in res.warnings:
-            print(f"# backend {res.backend}: warning: {w}", file=out)
+            lines.append(f"# backend {res.backend}: FAILED")
+            lines += ["#   " + line for line in res.reason.splitlines()]
+        lines += [f"# backend {res.backend}: warning: {w}" for w in res.warnings]
     ran = [res for res in results if res.rows]
-    for coll in collectives:
+    for coll in args.collectives:
         for res in ran:
-            note = [why for (c, why) in res.notes if c == coll]
-            if note:
-                print(f"#\n# {coll} on {res.backend}: not run ({note[0]})", file=out)
-            if any(r["collective"] == coll for r in records if r["backend"] == res.backend):
-                print("#\n" + _header(res, args, coll), file=out)
-                print(format_table(records, res.backend, coll), file=out)
-    wrong = sum(r["wrong"] or 0 for r in records)
+            if any(r["collective"] == coll and r["backend"] == res.backend for r in records):
+                lines += ["#", _header(res, args, coll), format_table(records, res.backend, coll)]
     if args.check:
-        print(f"#\n# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}", file=out)
-        if wrong:
-            status = 1
-    if load_before is not None and load_after is not None:
-        # Other work on the machine moves every number; say how busy it was.
-        print(f"#\n# load average (1 min) before: {load_before:.2f}, after: {load_after:.2f} "
-              f"on {len(usable_cores())} cores", file=out)
+        wrong = sum(r["wrong"] or 0 for r in records)
+        lines += ["#", f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}"]
+        status = status or int(wrong > 0)
+    if None not in loads:  # other work on the machine moves every number; say how busy it was
+        lines += ["#", f"# load average (1 min) before: {loads[0]:.2f}, after: {loads[1]:.2f} "
+                       f"on {len(usable_cores())} cores"]
     peers = [res.backend for res in ran if res.backend != "shmcomm"]
     if peers and any(res.backend == "shmcomm" for res in ran):
-        print("#\n" + format_ratios(records, collectives, peers), file=out)
-    return status, results, records, peers, (load_before, load_after)
+        lines += ["#", format_ratios(records, args.collectives, peers)]
+    print("\n".join(lines), file=out)
+    return status
+
+
+def _worker_config(text: str) -> dict:
+    """The worker's --config: JSON, or ``@FILE`` holding it (what the parent passes)."""
+    if text.startswith("@"):
+        with open(text[1:]) as f:
+            return json.load(f)
+    return json.loads(text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -301,10 +366,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["--worker"]:  # internal: one rank of a sweep, started by run_backends
         if len(argv) != 4 or argv[2] != "--config":
-            print(f"{PROG}: usage: --worker BACKEND --config JSON", file=sys.stderr)
+            print(f"{PROG}: usage: --worker BACKEND --config JSON|@FILE", file=sys.stderr)
             return EXIT_USAGE
         try:
-            return _worker_main(argv[1], json.loads(argv[3]))
+            return _worker_main(argv[1], _worker_config(argv[3]))
         except Exception:  # noqa: BLE001 - the parent shows this text as the failure reason
             traceback.print_exc()
             return 1

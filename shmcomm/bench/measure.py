@@ -1,5 +1,11 @@
-"""One rank's sweep: a case per (collective, size, variant) with its buffers and check, the timing
-loop, and the worker's main, which streams one event line per size to the parent."""
+"""One rank's sweep: a case per (step, variant) with its buffers and check, the timing loop, the
+spread of the per-iteration times, and the worker's main, which streams one event line per step
+to the parent.
+
+Each iteration is timed on its own, on every rank. The time of an iteration is the slowest
+rank's (a collective is done when its last rank is; nccl-tests takes the maximum over ranks too,
+of the mean), and a row reports the minimum, median and 90th percentile of those times.
+"""
 
 from __future__ import annotations
 
@@ -11,30 +17,32 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .common import _MARK, VARIANTS, _numpy_dtype
-from .sizes import collective_sizes
+from .cases import Case, steps
+from .common import _MARK, VARIANTS
+from .dtypes import BenchDtype, bench_dtype
 from .turns import Gate, GateClosed
-from .verify import _SENTINEL, _count_wrong, _pattern, _reference
+from .verify import SENTINEL, count_wrong, pattern, reference
 from .workers import _WORKERS, _Worker
 
 _MAX_ITERS = 20000
 _MIN_ITERS = 5
 _PROBES = 3
+_FILLS = np.arange(1, 5)  # refill values, one per iteration in turn: small, so nothing overflows
 
 
 @dataclass
 class _Case:
     call: object
     fills: list  # arrays refilled before every iteration
+    values: np.ndarray  # the refill values, in the dtype
     check: object  # () -> wrong elements on this rank
 
 
-def _build_case(wk: _Worker, cfg: dict, collective: str, variant: str, count: int, chunk: int):
-    """Buffers, the timed call and the check for one measurement; None if the API lacks it."""
-    if not wk.supports(collective, variant):
-        return None
-    dtname, op, root = cfg["dtype"], cfg["op"], 0
-    dtype, n, r = _numpy_dtype(dtname), wk.size, wk.rank
+def _build_case(wk: _Worker, step, variant: str) -> _Case:
+    """Buffers, the timed call and the check of one step in one variant."""
+    (collective, dtname, op, root), count, chunk = step.case, step.count, step.chunk
+    dt: BenchDtype = bench_dtype(dtname)
+    dtype, n, r = dt.storage, wk.size, wk.rank
     ip = variant == "in-place"
     send = recv = None
     if collective in ("all_reduce", "reduce", "broadcast", "send_recv"):
@@ -52,24 +60,25 @@ def _build_case(wk: _Worker, cfg: dict, collective: str, variant: str, count: in
     elif collective == "all_to_all":
         recv = wk.alloc(count, dtype)
         send = recv if ip else wk.alloc(count, dtype)
-    call = wk.make_call(collective, variant, send, recv, chunk, root)
+    call = wk.make_call(step.case, variant, send, recv, chunk, dt)
     if collective == "barrier":
         fills = []
     elif collective == "send_recv":
         fills = [send] if r == 0 else []
     else:
         fills = [send]
+    values = dt.encode(_FILLS % 2 if dt.kind == "bool" else _FILLS)  # bool: alternate
 
     def check() -> int:
         if collective == "barrier":
             call()
             return 0
-        recv.fill(_SENTINEL)
-        send[...] = _pattern(r, send.size, dtype, dtname, op)
+        recv[...] = dt.encode(np.array(SENTINEL))
+        send[...] = pattern(r, send.size, dt, op)
         call()
-        pat = lambda q, length: _pattern(q, length, dtype, dtname, op)  # noqa: E731
+        pat = lambda q, length: pattern(q, length, dt, op)  # noqa: E731
         if collective == "all_reduce" or (collective == "reduce" and r == root):
-            expected = _reference(count, n, dtype, dtname, op)
+            expected = reference(count, n, dt, op)
         elif collective == "broadcast":
             expected = pat(root, count)
         elif collective in ("all_gather",) or (collective == "gather" and r == root):
@@ -77,30 +86,44 @@ def _build_case(wk: _Worker, cfg: dict, collective: str, variant: str, count: in
         elif collective == "scatter":
             expected = pat(root, count)[r * chunk:(r + 1) * chunk]
         elif collective == "reduce_scatter":
-            expected = _reference(count, n, dtype, dtname, op)[r * chunk:(r + 1) * chunk]
+            expected = reference(count, n, dt, op)[r * chunk:(r + 1) * chunk]
         elif collective == "all_to_all":
             expected = np.concatenate([pat(q, count)[r * chunk:(r + 1) * chunk] for q in range(n)])
         elif collective == "send_recv" and r in (0, 1):
             expected = pat(0, count)
         else:
             return 0  # this rank holds no result (non-root of reduce/gather, idle send_recv rank)
-        return _count_wrong(recv, expected, dtname)
+        return count_wrong(recv, expected, dt)
 
-    return _Case(call, fills, check)
+    return _Case(call, fills, values, check)
 
 
-def _time_loop(case: _Case, start: int, iters: int) -> float:
-    """Total seconds spent inside ``iters`` calls; the refill before each call is not timed."""
-    call, fills, clock = case.call, case.fills, time.perf_counter
-    total = 0.0
-    for i in range(start, start + iters):
-        value = i % 4 + 1  # changes every iteration; small so products and sums never overflow
+def _time_loop(case: _Case, start: int, iters: int) -> np.ndarray:
+    """Seconds spent inside each of ``iters`` calls; the refill before each call is not timed (a
+    value that changes every iteration, so no call can reuse the previous result)."""
+    call, fills, values, clock = case.call, case.fills, case.values, time.perf_counter
+    times = np.empty(iters)
+    for k in range(iters):
+        value = values[(start + k) % len(values)]
         for buf in fills:
             buf.fill(value)
         t0 = clock()
         call()
-        total += clock() - t0
-    return total
+        times[k] = clock() - t0
+    return times
+
+
+def spread(seconds: np.ndarray) -> dict:
+    """``time_us`` (the median), ``min_us``, ``p90_us`` and ``mean_us`` of per-iteration times.
+
+    Example::
+
+        >>> spread(np.array([1e-6, 2e-6, 3e-6]))["time_us"]
+        2.0
+    """
+    us = seconds * 1e6
+    return {"time_us": float(np.median(us)), "min_us": float(us.min()),
+            "p90_us": float(np.percentile(us, 90)), "mean_us": float(us.mean())}
 
 
 def _measure(wk: _Worker, cfg: dict, case: _Case, collective: str) -> dict:
@@ -111,28 +134,26 @@ def _measure(wk: _Worker, cfg: dict, case: _Case, collective: str) -> dict:
         # Time a fixed number of probe calls (they also warm up; the first pays the page faults)
         # and aim at target_time. The count must not depend on local timings, or ranks would
         # issue different numbers of collectives; rank 0 alone turns its estimate into the plan.
-        probes = sorted(_time_loop(case, i, 1) for i in range(_PROBES))
-        typical = probes[len(probes) // 2]  # the median: neither the page-faulting first call nor a lucky one
+        probes = np.concatenate([_time_loop(case, i, 1) for i in range(_PROBES)])
         plan = None
         if wk.rank == 0:
-            planned = int(cfg["target_time"] / max(typical, 1e-7))
+            planned = int(cfg["target_time"] / max(float(np.median(probes)), 1e-7))
             plan = max(_MIN_ITERS, min(_MAX_ITERS, planned))
         iters = wk.bcast_obj(plan)
     if warmup is None:
         warmup = max(1, min(iters // 10, 1000))
     _time_loop(case, 0, warmup)
     wk.barrier()
-    total = _time_loop(case, warmup, iters)
-    mean = total / iters
-    if collective == "send_recv":
-        mean = mean / 2 if wk.rank == 0 else 0.0  # one-way latency from rank 0's round trips
+    times = _time_loop(case, warmup, iters)
+    if collective == "send_recv":  # one-way latency from rank 0's round trips
+        times = times / 2 if wk.rank == 0 else np.zeros_like(times)
     wrong = case.check() if cfg["check"] else None
-    stats = wk.gather_obj((mean, wrong))
+    stats = wk.gather_obj((times, wrong))
     if wk.rank != 0:
         return {}
-    times = [s[0] for s in stats]
-    return {"time_us": max(times) * 1e6, "rank_times_us": [t * 1e6 for t in times], "iters": iters,
-            "warmup": warmup, "wrong": None if wrong is None else int(sum(s[1] for s in stats))}
+    per_rank = np.stack([s[0] for s in stats])
+    return {**spread(per_rank.max(axis=0)), "rank_times_us": [float(np.median(t)) * 1e6 for t in per_rank],
+            "iters": iters, "warmup": warmup, "wrong": None if wrong is None else int(sum(s[1] for s in stats))}
 
 
 def _emit(event: dict) -> None:
@@ -141,7 +162,7 @@ def _emit(event: dict) -> None:
 
 
 def _worker_main(backend: str, cfg: dict) -> int:
-    """Body of one rank: run the sweep, rank 0 streams events to stdout."""
+    """Body of one rank: run this backend's steps, rank 0 streams events to stdout."""
     try:
         wk = _WORKERS[backend](cfg)
     except ImportError as exc:  # not installed (or broken install): a skip, never a fake number
@@ -153,24 +174,20 @@ def _worker_main(backend: str, cfg: dict) -> int:
         gate = Gate(cfg.get("gate"), wk.rank)
         if wk.rank == 0:
             _emit({"event": "start", "versions": wk.versions(), "nranks": wk.size})
-        dtype = _numpy_dtype(cfg["dtype"])
-        for collective in cfg["collectives"]:
-            if collective == "send_recv" and wk.size < 2:
-                if wk.rank == 0:
-                    _emit({"event": "note", "collective": collective, "reason": "needs at least 2 ranks"})
-                continue
-            for count, chunk in collective_sizes(collective, cfg["sizes"], wk.size, dtype.itemsize):
-                for turn in range(cfg.get("rounds", 1)):
-                    gate.wait()  # other backends measure while this one sleeps here
-                    row = {"event": "row", "collective": collective, "count": count, "chunk": chunk,
-                           "size": count * dtype.itemsize, "round": turn, "results": {}}
-                    for variant in VARIANTS:
-                        case = _build_case(wk, cfg, collective, variant, count, chunk)
-                        if case is not None:
-                            row["results"][variant] = _measure(wk, cfg, case, collective)
-                        del case  # frees (zero-copy: unmaps) the buffers before the next size
-                    if wk.rank == 0:
-                        _emit(row)
+        plan = steps([Case(*c) for c in cfg["cases"]], cfg["sizes"], wk.size, cfg.get("rounds", 1))
+        for step in plan:
+            gate.wait()  # other backends measure while this one sleeps here
+            coll = step.case.collective
+            row = {"event": "row", **step.case._asdict(), "count": step.count, "chunk": step.chunk,
+                   "size": step.count * bench_dtype(step.case.dtype).itemsize, "round": step.round,
+                   "results": {}}
+            for variant in VARIANTS:
+                if wk.missing(coll, variant) is None:
+                    case = _build_case(wk, step, variant)
+                    row["results"][variant] = _measure(wk, cfg, case, coll)
+                    del case  # frees (zero-copy: unmaps) the buffers before the next one
+            if wk.rank == 0:
+                _emit(row)
         wk.barrier()
         if wk.rank == 0:
             _emit({"event": "done"})

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from shmcomm.launch import free_port, threads_per_rank, usable_cores
 
+from .cases import Case, peer_skip, steps
 from .common import _MARK
 from .turns import Gates
 
@@ -54,15 +55,20 @@ def backend_available(name: str) -> tuple[bool, str]:
     return False, f"unknown backend {name!r}"
 
 
-def _static_skip(backend: str, dtname: str, op: str) -> str | None:
-    """Why ``backend`` cannot run this dtype/op at all (checked before starting any process)."""
-    if backend == "mpi" and dtname in ("float16", "bfloat16"):
-        return f"MPI has no standard {dtname} datatype"
-    if backend == "mpi" and op == "avg":
-        return "MPI has no average reduction (MPI_AVG does not exist)"
-    if backend == "gloo" and dtname in ("uint32", "uint64"):
-        return f"torch.distributed gloo does not support {dtname}"
-    return None
+def backend_cases(backend: str, cases: list[Case]) -> tuple[list, list, str]:
+    """``(cases it runs, [(case, reason)] it skips, why it runs none)`` for ``backend`` here.
+
+    Example::
+
+        mine, skipped, why = backend_cases("mpi", [Case("all_reduce", "float16", "sum", -1)])
+        # [], [(Case(...), 'MPI has no standard float16 datatype')], 'MPI has no standard float16 datatype'
+    """
+    ok, why = backend_available(backend)
+    if not ok:
+        return [], [], why
+    verdicts = [(c, peer_skip(backend, c)) for c in cases]
+    skipped = [(c, reason) for c, reason in verdicts if reason]
+    return [c for c, reason in verdicts if reason is None], skipped, "; ".join(dict.fromkeys(r for _, r in skipped))
 
 
 @dataclass
@@ -73,7 +79,7 @@ class BackendResult:
     status: str
     reason: str = ""
     rows: list = field(default_factory=list)  # "row" events of rank 0
-    notes: list = field(default_factory=list)  # (collective, reason) for collectives not run
+    skipped: list = field(default_factory=list)  # (Case, reason) for the cases this backend cannot run
     versions: dict = field(default_factory=dict)
     command: str = ""
     warnings: list = field(default_factory=list)
@@ -98,14 +104,18 @@ def _is_open_mpi(mpirun: str) -> bool:
     return "open mpi" in (proc.stdout + proc.stderr).lower() or "open-rte" in proc.stdout.lower()
 
 
-def _worker_cmd(backend: str, cfg: dict) -> list[str]:
-    return [sys.executable, "-m", "shmcomm.bench", "--worker", backend, "--config", json.dumps(cfg)]
+def _worker_cmd(backend: str, cfg: dict, directory: str) -> list[str]:
+    # In a file, not on the command line: an "all" sweep's case list can outgrow an argument.
+    path = os.path.join(directory, f"config-{backend}.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return [sys.executable, "-m", "shmcomm.bench", "--worker", backend, "--config", "@" + path]
 
 
 def _launch(backend: str, nranks: int, cfg: dict, logdir: str, mpi_args: list[str]):
     """Start the workers; returns (processes, their stderr log paths, shown command, job name)."""
     env, job = _worker_env(nranks), None
-    cmd = _worker_cmd(backend, cfg)
+    cmd = _worker_cmd(backend, cfg, logdir)
     procs, logs = [], []
     if backend == "mpi":
         launcher = [_mpirun(), "-n", str(nranks)]
@@ -181,45 +191,46 @@ def run_backends(backends: list[str], nranks: int, cfg: dict, progress=None, tim
     result per backend in order; never raises for a failing or missing backend (see
     ``BackendResult.status``).
 
-    Every backend's workers start at once and take turns (see ``turns``): each size, and each of
-    ``cfg["rounds"]`` rounds of it, is measured by one backend after the other, the order
+    ``cfg`` holds ``cases`` (``cases.Case`` tuples), ``sizes``, ``iters``, ``warmup``,
+    ``target_time``, ``zero_copy``, ``check``, ``timeout`` and ``rounds``. A backend runs the
+    cases it can (``cases.peer_skip`` says why not for the others, in ``BackendResult.skipped``).
+
+    Every backend's workers start at once and take turns (see ``turns``): each step (a case at a
+    size, each of ``cfg["rounds"]`` rounds) is measured by one backend after the other, the order
     alternating, so machine drift hits all of them alike. ``progress(backend, row)`` is called for
-    every round of every size; ``timeout`` is how long a backend may take to start or to finish
-    one size before it is stopped::
+    every step; ``timeout`` is how long a backend may take to start or to finish one step before
+    it is stopped::
 
         shm, mpi = run_backends(["shmcomm", "mpi"], 2, cfg)
     """
     results: dict[str, BackendResult] = {}
     running: list[_Running] = []
+    every = [Case(*c) for c in cfg["cases"]]
     with tempfile.TemporaryDirectory(prefix="shmcomm-bench-") as tmp:
         try:
             for backend in backends:
-                why = _why_not(backend, cfg)
-                if why:
-                    results[backend] = BackendResult(backend, "skipped", why)
+                mine, skipped, why = backend_cases(backend, every)
+                if not mine:
+                    results[backend] = BackendResult(backend, "skipped", why, skipped=skipped)
                     continue
-                run = _Running.start(backend, nranks, cfg, tmp, mpi_args or [], timeout, progress)
+                run = _Running.start(backend, nranks, dict(cfg, cases=mine), tmp, mpi_args or [], timeout,
+                                     progress)
+                run.result.skipped = skipped
                 running.append(run)
                 results[backend] = run.result
             for run in running:  # all initialised (MPI's start-up is CPU-heavy) before anyone measures
                 run.next("start")
-            turn = 0
-            while any(run.live for run in running):
+            for turn, step in enumerate(steps(every, cfg["sizes"], nranks, cfg.get("rounds", 1))):
                 for run in running if turn % 2 == 0 else running[::-1]:
-                    if run.live:
+                    if run.live and step.case in run.cases:
                         run.gates.open()
                         run.next("row")
-                turn += 1
+            for run in running:
+                run.next("done")
         finally:
             for run in running:
                 run.finish()
     return [results[b] for b in backends]
-
-
-def _why_not(backend: str, cfg: dict) -> str | None:
-    """Why ``backend`` cannot run here or cannot run this dtype/op; None if it can."""
-    ok, reason = backend_available(backend)
-    return _static_skip(backend, cfg["dtype"], cfg["op"]) if ok else reason
 
 
 class _Running:
@@ -229,8 +240,10 @@ class _Running:
     or failed) ``live`` turns False. ``finish()`` reaps or stops the workers and checks /dev/shm.
     """
 
-    def __init__(self, result: BackendResult, procs, logs, job, gates, timeout: float, progress=None):
+    def __init__(self, result: BackendResult, procs, logs, job, gates, timeout: float, progress=None,
+                 cases=()):
         self.result, self.procs, self.logs, self.job, self.gates = result, procs, logs, job, gates
+        self.cases = set(cases)  # the ones this backend runs
         self.timeout, self.progress = timeout, progress
         self.live, self.finished = True, False  # finished: rank 0 said "done" or "skip"
         self._pending, self._events = b"", collections.deque()
@@ -247,7 +260,7 @@ class _Running:
         except BaseException:
             gates.close()
             raise
-        return cls(result, procs, logs, job, gates, timeout, progress)
+        return cls(result, procs, logs, job, gates, timeout, progress, [Case(*c) for c in cfg["cases"]])
 
     def next(self, kind: str) -> dict | None:
         """Handle rank 0's events until one of ``kind`` (returned); None if the run ended."""
@@ -296,8 +309,6 @@ class _Running:
                 self.progress(result.backend, event)
         elif kind == "start":
             result.versions = event.get("versions", {})
-        elif kind == "note":
-            result.notes.append((event["collective"], event["reason"]))
         elif kind == "skip":
             result.status, result.reason = "skipped", event["reason"]
             self.live, self.finished = False, True

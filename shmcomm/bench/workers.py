@@ -1,5 +1,6 @@
 """Worker side, one class per backend (shmcomm, torch.distributed gloo, mpi4py): each wraps its
-library's API into the timed calls and the object exchanges the sweep needs."""
+library's API into the timed calls and the object exchanges the sweep needs, and says which
+variants (out-of-place, in-place) its API has, and why not where it lacks one."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 
 import numpy as np
 
-from .common import _OPS
+from .cases import reduce_op
 from .runner import _mpirun
 
 
@@ -15,7 +16,10 @@ class _Worker:
     """One rank of one backend: what the sweep needs from it. Subclasses fill in the API calls."""
 
     name = ""
-    torch_like = True  # shmcomm and torch.distributed share one API shape
+    api_name = ""  # whose API, in the reasons for a missing variant
+    # collective -> (variant the API lacks, why): the table shows "-" there and this reason.
+    lacks = {"send_recv": ("in-place", "send_recv is timed between two buffers (a ping-pong)"),
+             "barrier": ("in-place", "barrier moves no data")}
 
     rank = 0
     size = 1
@@ -24,9 +28,10 @@ class _Worker:
         """A 1-D buffer the backend's calls accept; every rank allocates the same ones in order."""
         return np.empty(count, dtype)
 
-    def make_call(self, collective: str, variant: str, send, recv, chunk: int, root: int):
-        """The timed call: a closure running ``collective`` on numpy buffers ``send``/``recv``
-        (the same or overlapping arrays for in-place), ``chunk`` elements per rank."""
+    def make_call(self, case, variant: str, send, recv, chunk: int, dt):
+        """The timed call: a closure running ``case`` (a ``cases.Case``) on numpy buffers
+        ``send``/``recv`` of ``dt`` (the same or overlapping arrays for in-place), ``chunk``
+        elements per rank."""
         raise NotImplementedError
 
     def versions(self) -> dict:
@@ -48,19 +53,17 @@ class _Worker:
     def close(self) -> None:
         """Leave the group; for shmcomm this releases the shared memory."""
 
-    def supports(self, collective: str, variant: str) -> bool:
-        """Whether the library's API has this variant of ``collective`` at all."""
-        if self.torch_like:
-            if collective in ("all_reduce", "broadcast", "reduce"):
-                return variant == "in-place"  # these APIs have no separate output
-            if collective in ("all_to_all", "send_recv", "barrier"):
-                return variant == "out-of-place"
-            return True
-        if collective in ("broadcast",):
-            return variant == "in-place"
-        if collective in ("send_recv", "barrier"):
-            return variant == "out-of-place"
-        return True
+    @classmethod
+    def missing(cls, collective: str, variant: str) -> str | None:
+        """Why the library's API has no ``variant`` of ``collective`` (None if it has one).
+
+        Example::
+
+            >>> _ShmcommWorker.missing("all_reduce", "out-of-place")
+            "all_reduce is in place only in shmcomm's API (one array is input and output)"
+        """
+        lacked, why = cls.lacks.get(collective, (None, ""))
+        return why if lacked == variant else None
 
     def rs_inplace_block(self) -> int:
         """Which block of the input an in-place reduce_scatter leaves its result in."""
@@ -82,17 +85,25 @@ class _Worker:
         return call
 
 
+def _in_place_only(api_name: str) -> dict:
+    return {c: ("out-of-place", f"{c} is in place only in {api_name} (one array is input and output)")
+            for c in ("all_reduce", "broadcast", "reduce")}
+
+
 class _TorchLikeWorker(_Worker):
     """shmcomm and torch.distributed: same call shapes, different module and buffer wrapper."""
 
     api = None
 
-    def wrap(self, array: np.ndarray):
-        """The object the library's calls take for ``array``, sharing its memory."""
+    def wrap(self, array: np.ndarray, dt):
+        """The object the library's calls take for ``array`` of ``dt``, sharing its memory."""
         return array
 
-    def make_call(self, collective, variant, send, recv, chunk, root):
-        api, w, op, r, n = self.api, self.wrap, self.op, self.rank, self.size
+    def make_call(self, case, variant, send, recv, chunk, dt):
+        api, r, n = self.api, self.rank, self.size
+        collective, root = case.collective, case.root
+        op = self.reduce_op(case.op) if case.op != "none" else None
+        w = lambda a: self.wrap(a, dt)  # noqa: E731
         if collective == "all_reduce":
             buf = w(recv)
             return lambda: api.all_reduce(buf, op=op)
@@ -146,6 +157,9 @@ class _TorchLikeWorker(_Worker):
 class _ShmcommWorker(_TorchLikeWorker):
     name = "shmcomm"
 
+    api_name = "shmcomm's API"
+    lacks = {**_Worker.lacks, **_in_place_only(api_name)}  # all_to_all_single(out, out) is in place here
+
     def __init__(self, cfg: dict):
         import shmcomm as sc
 
@@ -153,15 +167,17 @@ class _ShmcommWorker(_TorchLikeWorker):
         self.rank, self.size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         sc.init_process_group(rank=self.rank, world_size=self.size, name=os.environ["SHMCOMM_JOB"],
                               timeout=float(cfg["timeout"]))
-        self.op = sc.ReduceOp[_OPS[cfg["op"]]]
+        self.reduce_op = reduce_op
         self.zero_copy = bool(cfg["zero_copy"])
         self.all_gather_into = sc.all_gather_into
         self.reduce_scatter_into = sc.reduce_scatter_into
 
-    def supports(self, collective, variant):
-        if collective == "all_to_all":  # all_to_all_single(out, out) is in place here, unlike torch's
-            return True
-        return super().supports(collective, variant)
+    def wrap(self, array, dt):
+        if dt.bits16:  # bfloat16 without ml_dtypes: a torch bfloat16 view, which shmcomm accepts
+            import torch
+
+            return torch.from_numpy(array).view(torch.bfloat16)
+        return array
 
     def alloc(self, count, dtype):
         # sc.empty is collective: every rank allocates the same buffers in the same order.
@@ -173,6 +189,9 @@ class _ShmcommWorker(_TorchLikeWorker):
 
 class _GlooWorker(_TorchLikeWorker):
     name = "gloo"
+    api_name = "torch.distributed's API"
+    lacks = {**_Worker.lacks, **_in_place_only(api_name),
+             "all_to_all": ("in-place", "torch.distributed's all_to_all_single has no in-place form")}
 
     def __init__(self, cfg: dict):
         import warnings
@@ -188,13 +207,13 @@ class _GlooWorker(_TorchLikeWorker):
         dist.init_process_group("gloo", init_method="env://",
                                 timeout=timedelta(seconds=float(cfg["timeout"])))
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
-        self.op = getattr(dist.ReduceOp, _OPS[cfg["op"]])
+        self.reduce_op = lambda name: getattr(dist.ReduceOp, reduce_op(name).name)
         self.all_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         self.reduce_scatter_into = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
-    def wrap(self, array):
+    def wrap(self, array, dt):
         # The tensor shares the numpy array's memory, so fills and checks work on the array.
-        if array.dtype.name == "bfloat16":
+        if dt.name == "bfloat16":
             return self.torch.from_numpy(array.view(np.int16)).view(self.torch.bfloat16)
         return self.torch.from_numpy(array)
 
@@ -204,7 +223,8 @@ class _GlooWorker(_TorchLikeWorker):
 
 class _MpiWorker(_Worker):
     name = "mpi"
-    torch_like = False
+    api_name = "MPI"
+    lacks = {**_Worker.lacks, "broadcast": ("out-of-place", "MPI's Bcast is in place only (one buffer)")}
 
     def __init__(self, cfg: dict):
         import mpi4py
@@ -217,14 +237,16 @@ class _MpiWorker(_Worker):
             # mpi4py built for another MPI than this mpirun: each process is a world of its own
             raise RuntimeError(f"MPI world size is {self.size}, expected {cfg['nranks']}: is mpi4py "
                                f"built against the MPI of {_mpirun()}?")
-        self.op = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX, "band": MPI.BAND,
-                   "bor": MPI.BOR, "bxor": MPI.BXOR}[cfg["op"]]
+        self.ops = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX, "band": MPI.BAND,
+                    "bor": MPI.BOR, "bxor": MPI.BXOR}
 
     def rs_inplace_block(self) -> int:
         return 0  # MPI_IN_PLACE Reduce_scatter_block leaves the result at the start of the buffer
 
-    def make_call(self, collective, variant, send, recv, chunk, root):
-        c, op, MPI, r, ip = self.comm, self.op, self.MPI, self.rank, variant == "in-place"
+    def make_call(self, case, variant, send, recv, chunk, dt):
+        collective, root = case.collective, case.root
+        op = self.ops[case.op] if case.op != "none" else None
+        c, MPI, r, ip = self.comm, self.MPI, self.rank, variant == "in-place"
         IN_PLACE = MPI.IN_PLACE
         if collective == "all_reduce":
             return (lambda: c.Allreduce(IN_PLACE, recv, op)) if ip else (lambda: c.Allreduce(send, recv, op))
