@@ -23,50 +23,89 @@ def check_counts(counts, displs, long long length, int size, str argname, bint d
         >>> check_counts([2, 0, 3], None, 5, 3, "output", True)
         ([2, 0, 3], [0, 2, 2])
     """
-    cs = _counts_arg(counts, size, "counts")
-    if displs is None:
-        ds, at = [], 0
-        for x in cs:
-            ds.append(at)
-            at += x
+    cdef int q
+    cdef long long *cs = _room(size)
+    try:
+        _check_counts(counts, displs, length, size, argname, disjoint, cs, cs + size)
+        return [cs[q] for q in range(size)], [cs[size + q] for q in range(size)]
+    finally:
+        free(cs)
+
+
+cdef long long *_room(int size) except NULL:
+    """Room for counts and displacements (2 * size)."""
+    cdef long long *at = <long long *>malloc(max(2 * size, 1) * sizeof(long long))
+    if at == NULL:
+        raise MemoryError()
+    return at
+
+
+cdef int _check_counts(object counts, object displs, long long length, int size, str argname,
+                       bint disjoint, long long *cs, long long *ds) except -1:
+    """check_counts into C arrays: a typed loop, as this is on every v call's path."""
+    cdef int q
+    cdef long long at = 0
+    _counts_into(counts, size, "counts", cs)
+    if displs is None:  # packed: in bounds when the total is, and never overlapping
+        for q in range(size):
+            ds[q] = at
+            at += cs[q]
     else:
-        ds = _counts_arg(displs, size, "displs")
+        _counts_into(displs, size, "displs", ds)
     for q in range(size):
         if ds[q] + cs[q] > length:
             raise ValueError(f"{argname}: piece {q} (counts[{q}]={cs[q]} from element {ds[q]}) "
                              f"ends past the array's {length} elements")
-    if disjoint:
+    if disjoint and displs is not None:
         spans = sorted((ds[q], ds[q] + cs[q], q) for q in range(size) if cs[q])
         for (lo, hi, q), (lo2, hi2, q2) in zip(spans, spans[1:]):
             if lo2 < hi:
                 raise ValueError(f"{argname}: pieces {q} and {q2} overlap (displs and counts)")
-    return cs, ds
+    return 0
 
 
-cdef list _counts_arg(object counts, int size, str argname):
-    """``counts`` as ``size`` non-negative ints; errors name ``argname``."""
+cdef int _counts_into(object counts, int size, str argname, long long *out) except -1:
+    """``counts`` as ``size`` non-negative ints in ``out``; errors name ``argname``."""
+    cdef Py_ssize_t q
+    cdef object x
     if counts is None:
         raise ValueError(f"{argname} is required: world_size={size} element counts")
-    try:
-        values = [rank_arg(x, f"{argname}[i]") for x in counts]
-    except TypeError as exc:
-        if "[i]" in str(exc):
-            raise
-        raise TypeError(f"{argname} must be a sequence of {size} ints, got "
-                        f"{type(counts).__name__}") from None
-    if len(values) != size or any(x < 0 for x in values):
-        raise ValueError(f"{argname} must be {size} non-negative element counts, got {values}")
-    return values
+    if type(counts) is not list and type(counts) is not tuple:
+        try:
+            counts = list(counts)
+        except TypeError:
+            raise TypeError(f"{argname} must be a sequence of {size} ints, got "
+                            f"{type(counts).__name__}") from None
+    if len(counts) != size:
+        raise ValueError(f"{argname} must be {size} non-negative element counts, got {list(counts)}")
+    for q in range(size):
+        x = counts[q]
+        if type(x) is not int:
+            if isinstance(x, bool) or not hasattr(type(x), "__index__"):
+                raise TypeError(f"{argname}[{q}] must be an int element count, got {type(x).__name__}")
+            x = _index(x)  # numpy integers
+        out[q] = x
+        if out[q] < 0:
+            raise ValueError(f"{argname} must be {size} non-negative element counts, got {list(counts)}")
+    return 0
 
 
 cdef int _set_counts(Communicator c, object counts, object displs, buf_t *b, str argname,
                      char **table, size_t *sizes, bint disjoint) except -1:
     """Point table[q] at the counts[q] elements of ``b`` from displs[q] (see check_counts)."""
-    cdef int q
-    cs, ds = check_counts(counts, displs, b.count, c.size, argname, disjoint)
-    for q in range(c.size):
-        table[q] = b.ptr + <size_t>ds[q] * b.itemsize
-        sizes[q] = <size_t>cs[q] * b.itemsize
+    cdef int q, n = c.size
+    cdef long long stack[2 * INLINE_RANKS]
+    cdef long long *cs = &stack[0]
+    if n > INLINE_RANKS:
+        cs = _room(n)
+    try:
+        _check_counts(counts, displs, b.count, n, argname, disjoint, cs, cs + n)
+        for q in range(n):
+            table[q] = b.ptr + <size_t>cs[n + q] * b.itemsize
+            sizes[q] = <size_t>cs[q] * b.itemsize
+    finally:
+        if cs != &stack[0]:
+            free(cs)
     return 0
 
 
