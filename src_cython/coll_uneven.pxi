@@ -8,9 +8,10 @@
 # large ones are pulled straight from the senders' arrays (single copy).
 #   all_gather_v: rank r sends its array to every rank; rank r's piece q goes to output piece q.
 #   gather_v / scatter_v: only the pairs (q -> root) / (root -> q) carry bytes.
-#   reduce_scatter_v: every rank's piece r gathers on rank r (in the kept staging buffer), which
-#       then reduces the pieces in rank order, as reduce_scatter does: halves in float32, one
-#       result per output, so "bit-identical on every rank" holds trivially.
+#   reduce_scatter_v: as reduce_scatter's slot path (every rank copies its chunk for each peer
+#       into its slot, steps, and reduces in rank order the chunks left for it, halves in float32),
+#       its first step carrying the size matrix; one result per output, so "bit-identical on every
+#       rank" holds trivially.
 
 
 def check_counts(counts, displs, long long length, int size, str argname, bint disjoint):
@@ -257,30 +258,72 @@ cdef object _prep_reduce_scatter_v(Communicator c, op_t *o, object output, objec
         raise ValueError(f"input is {DTYPE_NAMES[whole.dtype]} but output is {DTYPE_NAMES[b.dtype]}")
     _set_counts(c, counts, None, &whole, "input", o.ins, o.in_bytes, False)
     _check_own(&b, o.in_bytes[c.rank], f"counts[{c.rank}]")
-    _set_reduce_scatter_v(o, &b, op, factor)
+    _set_reduce_scatter_v(c, o, &b, op, factor)
     return (out_owner, in_owner)
 
 
 cdef object _prep_reduce_scatter_list_v(Communicator c, op_t *o, buf_t *b, int op, double factor):
     """reduce_scatter whose input_list (already in o.ins/o.in_bytes) is uneven."""
     _check_own(b, o.in_bytes[c.rank], f"input_list[{c.rank}]")
-    _set_reduce_scatter_v(o, b, op, factor)
+    _set_reduce_scatter_v(c, o, b, op, factor)
     return None
 
 
-cdef void _set_reduce_scatter_v(op_t *o, buf_t *out, int op, double factor) noexcept:
+cdef int _set_reduce_scatter_v(Communicator c, op_t *o, buf_t *out, int op, double factor) except -1:
+    """Chunks are reduced into the output while later chunks of the pieces for peers are still
+    to be sent: the output may be this rank's own piece (in place), never overlap another."""
+    cdef int q
+    for q in range(c.size):
+        if _spans_overlap(out.ptr, out.nbytes, o.ins[q], o.in_bytes[q]) and \
+                (q != c.rank or out.ptr != o.ins[q]):
+            raise ValueError(f"output overlaps the input piece for rank {q} (in place, the output "
+                             f"must be exactly this rank's own piece, {c.rank})")
     _set_uneven(o, K_REDUCE_SCATTER_V, out, 0)
     o.ptr, o.count, o.nbytes, o.op, o.factor = out.ptr, out.count, out.nbytes, op, factor
+    return 0
 
 
 cdef int _run_reduce_scatter_v(Communicator c, op_t *o) except -1 nogil:
-    """Gather every rank's piece for this rank into staging, then reduce them in rank order."""
-    cdef int q, n = c.size
-    cdef char *stage = c._staging(max(n * o.nbytes, <size_t>1))
-    for q in range(n):
-        o.outs[q], o.out_bytes[q] = stage + q * o.nbytes, o.nbytes
-    _all_to_all(c, o)
-    for q in range(n):
-        c.srcs[q] = o.outs[q]
-    shm_reduce(o.ptr, c.srcs, c.factors, n, o.count, o.dtype, o.op)
+    """As reduce_scatter's slot path, with pieces of any size: per chunk, every rank copies its
+    chunk for each peer into its slot, steps, and reduces (in rank order) the chunks peers left
+    for it, while they are in cache. The first step also carries every rank's piece sizes and
+    output size, which every rank checks in full (a disagreement fails on every rank)."""
+    cdef uint32_t s
+    cdef int q, a, b, n = c.size, itemsize = o.itemsize
+    cdef size_t header = _align_up((n + 1) * sizeof(uint64_t), 64)
+    cdef size_t cap = ((c.slot_bytes - header) // n) // 64 * 64 // itemsize * itemsize
+    cdef size_t off = 0, ch, most = 0
+    cdef uint64_t *sizes
+    cdef char **ins = o.ins
+    cdef bint first = True
+    c._set_desc(K_REDUCE_SCATTER_V, o.dtype, 0, 0, o.op)
+    c._set_factor(o)
+    while first or off < most:
+        s = c.next_step()
+        if first:
+            sizes = <uint64_t *>c.slot(c.rank, s)
+            for q in range(n):
+                sizes[q] = o.in_bytes[q]
+            sizes[n] = o.nbytes
+        for q in range(n):
+            if q != c.rank and o.in_bytes[q] > off:
+                memcpy(c.slot(c.rank, s) + header + q * cap, ins[q] + off, min(cap, o.in_bytes[q] - off))
+        c._step()
+        if first:
+            c._check_desc()
+            c._load_factors(o)
+            for a in range(n):
+                for b in range(n):
+                    if (<uint64_t *>c.slot(a, s))[b] != (<uint64_t *>c.slot(b, s))[n]:
+                        with gil:
+                            raise CollectiveMismatchError(_size_mismatch(
+                                o, a, b, (<uint64_t *>c.slot(a, s))[b], (<uint64_t *>c.slot(b, s))[n]))
+                most = max(most, (<uint64_t *>c.slot(a, s))[n])
+            first = False
+        if o.nbytes > off:
+            ch = min(cap, o.nbytes - off)
+            for q in range(n):
+                c.srcs[q] = ins[q] + off if q == c.rank else c.slot(q, s) + header + c.rank * cap
+            shm_reduce(o.ptr + off, c.srcs, c.factors, n, ch // itemsize, o.dtype, o.op)
+        off += cap
     return 0

@@ -178,14 +178,19 @@ def _disagreeing_counts(rank, size):
     out = np.empty(sum(counts), np.float32)
     with pytest.raises(sc.CollectiveMismatchError) as err:
         sc.all_gather_v(out, x, counts)
-    return str(err.value)
+    with pytest.raises(sc.CollectiveMismatchError) as err2:  # rank 1 sends rank 0 three, not one
+        mine = [1, 2] if rank == 0 else [3, 2]
+        sc.reduce_scatter_v(np.empty(mine[rank], np.float32), np.zeros(sum(mine), np.float32), mine)
+    sc.barrier()  # the group goes on
+    return str(err.value), str(err2.value)
 
 
 @pytest.mark.timeout(60)
 def test_counts_that_disagree_fail_on_every_rank():
     texts = run_ranks(_disagreeing_counts, 2)
-    for text in texts:
-        assert "all_gather_v: rank 1 sends 3 float32 elements to rank 0, which expects 2" in text
+    for gather_text, reduce_text in texts:
+        assert "all_gather_v: rank 1 sends 3 float32 elements to rank 0, which expects 2" in gather_text
+        assert "reduce_scatter_v: rank 1 sends 3 float32 elements to rank 0, which expects 1" in reduce_text
 
 
 def _bad_arguments(rank, size):
@@ -204,6 +209,8 @@ def _bad_arguments(rank, size):
         (lambda: sc.gather_v(x, None, dst=0) if rank == 0 else sc.gather_v(x, x, dst=0),
          ValueError, "output is required on the dst" if rank == 0 else "must be None on ranks other"),
         (lambda: sc.scatter_v(x, None, src=5), ValueError, "src must be a rank in [0, 2)"),
+        (lambda: sc.reduce_scatter_v((w := np.zeros(4, np.float32))[1:3], w, [2, 2]), ValueError,
+         "output overlaps the input piece for rank"),
         (lambda: sc.reduce_scatter_v(x, np.zeros(4, np.float32), [2, 2], op=sc.ReduceOp.BAND),
          TypeError, "op BAND is not supported for dtype float32"),
     ]
