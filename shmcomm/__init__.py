@@ -11,6 +11,8 @@ The single-machine counterpart of ``torch.distributed``/MPI. Start ranks with ``
     sc.destroy_process_group()
 """
 
+from typing import TYPE_CHECKING
+
 from shmcomm.errors import (  # noqa: F401
     AbortedError,
     CollectiveMismatchError,
@@ -29,6 +31,7 @@ __version__ = "0.1.0"  # the one place of the version (pyproject.toml reads it)
 # they belong to one job; see shmcomm.trust.
 ensure_inherited_secret()
 
+_CORE_ERROR: ImportError | None
 try:
     from shmcomm import _core  # noqa: F401
 except ImportError as exc:  # a broken build must not break `import torch` (entry point) too
@@ -58,10 +61,11 @@ if _CORE_ERROR is None:
 else:
     _collectives_all = []
 
-    def __getattr__(name: str):
-        raise ImportError(f"shmcomm.{name} is unavailable: the compiled core shmcomm._core failed to "
-                          f"import ({_CORE_ERROR}); reinstall shmcomm for this Python and numpy "
-                          f"(pip install --force-reinstall shmcomm)") from _CORE_ERROR
+    if not TYPE_CHECKING:  # type checkers see the built package, where a misspelt name is an error
+        def __getattr__(name: str):
+            raise ImportError(f"shmcomm.{name} is unavailable: the compiled core shmcomm._core failed "
+                              f"to import ({_CORE_ERROR}); reinstall shmcomm for this Python and "
+                              f"numpy (pip install --force-reinstall shmcomm)") from _CORE_ERROR
 
 
 __all__ = [

@@ -27,6 +27,10 @@ __all__ = [
 class ShmcommError(RuntimeError):
     """Base class of every error raised by the shmcomm runtime.
 
+    Also raised as such where no subclass fits: a call on a destroyed group, a group left
+    unusable by an earlier failure (a timeout or a dead peer half-way through a collective),
+    ``/dev/shm`` too small for a segment, a job name in use by another live job.
+
     Example::
 
         try:
@@ -39,7 +43,13 @@ class ShmcommError(RuntimeError):
 class CommTimeoutError(ShmcommError, TimeoutError):
     """An operation or a wait did not complete within its timeout.
 
-    Also a ``TimeoutError``, so ``except TimeoutError`` catches it::
+    Raised by a collective or a blocking send/recv whose peers did not arrive within the
+    group's timeout (``init_process_group(timeout=...)``, ``SHMCOMM_TIMEOUT``, default 300 s;
+    the group is unusable afterwards), by ``Work.wait(timeout)``, ``Future.wait(timeout)``,
+    ``wait_all`` and ``wait_any`` past their ``timeout`` (the operation goes on), and by RPC
+    calls past their timeout. Also a ``TimeoutError``, so ``except TimeoutError`` catches it.
+
+    Example::
 
         try:
             work.wait(timeout=1.0)
@@ -51,8 +61,14 @@ class CommTimeoutError(ShmcommError, TimeoutError):
 class PeerFailureError(ShmcommError):
     """A peer process died or left the group while this rank was waiting for it.
 
-    ``rank`` is the failed peer's rank in the group (``-1`` if unknown) and ``pid`` its process id::
+    Raised at once (not after the timeout) by collectives, point-to-point calls and RPC calls;
+    after a failure half-way through a collective, the group is unusable. ``rank`` is the failed
+    peer's rank in the group (``-1`` if unknown) and ``pid`` its process id (``-1`` if unknown).
 
+    Example::
+
+        try:
+            sc.all_reduce(x)
         except sc.PeerFailureError as e:
             print(f"rank {e.rank} (pid {e.pid}) failed")
     """
@@ -69,15 +85,24 @@ class PeerFailureError(ShmcommError):
 class CollectiveMismatchError(ShmcommError, ValueError):
     """Ranks called different collectives, or the same one with different sizes, dtypes, ops or roots.
 
-    Raised on every rank of the group instead of returning corrupt data::
+    Raised on every rank of the group instead of returning corrupt data; the message names
+    each rank's call. Also raised by ``recv`` for a message of another size or dtype than its
+    buffer. Also a ``ValueError``.
 
+    Example::
+
+        try:
+            sc.broadcast(x, src=0)
         except sc.CollectiveMismatchError as e:
             print(e)  # names what differed and on which ranks
     """
 
 
 class AbortedError(ShmcommError):
-    """The group was aborted (``Work.abort()`` on any rank); pending and later ops raise this.
+    """The group was aborted (``Work.abort()`` or ``ProcessGroup.abort()`` on any rank).
+
+    Every pending and later operation on that group raises it, on every rank; the group can
+    only be destroyed then.
 
     Example::
 
@@ -87,7 +112,10 @@ class AbortedError(ShmcommError):
 
 
 class InvalidStateError(ShmcommError):
-    """An object was used in a state that does not allow it (a Future completed twice, say).
+    """An object was used in a state that does not allow it.
+
+    Raised by ``Future.set_result``/``set_exception`` on a completed Future, ``Future.value()``
+    on a pending one, and the RPC calls before ``init_rpc`` or a second ``init_rpc``.
 
     Example::
 

@@ -11,13 +11,20 @@ import atexit
 import os
 import threading
 import weakref
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence, cast, overload
+
+import numpy as np
 
 from shmcomm import _core
 from shmcomm.errors import AbortedError
 from shmcomm.ops import ReduceOp, op_code
 
 from shmcomm.work import Work
+
+if TYPE_CHECKING:
+    from numpy.typing import DTypeLike
+
+    from shmcomm._types import Array, ReduceOpLike
 
 __all__ = ["ProcessGroup", "init_process_group", "is_initialized", "get_rank", "get_world_size",
            "new_group", "split", "new_subgroups", "destroy_process_group", "default_group"]
@@ -28,9 +35,14 @@ DEFAULT_TIMEOUT = 300.0
 class ProcessGroup(_core.GroupCore):
     """A set of local processes that run collectives together over shared memory.
 
-    Created by ``init_process_group`` (the default group) or ``new_group``; ``src``/``dst``
-    arguments of its methods are ranks within this group. The array collectives (all_reduce,
-    broadcast, ..., barrier) are compiled in its base ``shmcomm._core.GroupCore``::
+    Made by ``init_process_group`` (the default group), ``new_group``, ``split`` or
+    ``new_subgroups``, never by hand. Every collective and point-to-point call is also a method
+    (``pg.all_reduce(x)`` is ``sc.all_reduce(x, group=pg)``); each method's text is that of the
+    module function, without ``group``. ``src``/``dst`` arguments are ranks within this group.
+    Operations on one group run in issue order. The array collectives are compiled in its base
+    ``shmcomm._core.GroupCore``.
+
+    Example::
 
         pg = sc.init_process_group()
         x = np.arange(4.0)
@@ -72,13 +84,27 @@ class ProcessGroup(_core.GroupCore):
         return f"<shmcomm.ProcessGroup {self._name} rank={self.rank} size={self.size}>"
 
     # ---- running operations -----------------------------------------------------------------
-    def run(self, fn, args: tuple, outputs: list, async_op: bool):
-        """Run ``fn(*args)`` in issue order: a Work if ``async_op``, else None once it ran.
+    def run(self, fn: Callable[..., Any], args: tuple[Any, ...], outputs: list[Any],
+            async_op: bool) -> Work | None:
+        """Run ``fn(*args)`` as one operation of this group, in issue order.
 
         A Communicator entry point (``pg._comm.all_reduce``, ...) runs as that collective; any
         other callable (a composite operation, such as the torch backend's coalesced calls) runs
-        whole, the collectives it calls inside it, before the next operation starts. ``outputs``
-        is what the Work's ``result()`` returns.
+        whole, the collectives it calls inside it, before the next operation starts.
+
+        Args:
+            fn (Callable): the operation: a bound method of ``pg._comm``, or any callable.
+            args (tuple): its arguments.
+            outputs (list): what the Work's ``result()`` returns.
+            async_op (bool): if True, queue it and return a ``Work`` at once.
+
+        Returns:
+            None once ``fn`` ran; with ``async_op=True``, a ``Work`` whose ``result()`` is
+            ``outputs`` and whose ``wait()`` raises ``fn``'s error.
+
+        Raises:
+            ValueError: the group was destroyed.
+            Exception: what ``fn`` raises (with ``async_op=True``, from ``wait()``).
 
         Example::
 
@@ -93,7 +119,11 @@ class ProcessGroup(_core.GroupCore):
         return self._comm.submit(fn, tuple(args), outputs, async_op)
 
     def abort(self) -> None:
-        """Abort the group on every rank: pending and later ops raise AbortedError.
+        """Abort the group on every rank: pending and later operations raise ``AbortedError``.
+
+        Every rank's queued and blocked operations on this group (collectives, sends and
+        receives) fail with ``AbortedError``, and so does every later one; the group can only be
+        destroyed then. Other groups are not affected.
 
         Example::
 
@@ -103,13 +133,18 @@ class ProcessGroup(_core.GroupCore):
         self._p2p.fail_all(AbortedError(f"group {self._name} was aborted"))
 
     # ---- collectives: compiled in shmcomm._core.GroupCore ------------------------------------
-    def all_reduce_coalesced(self, arrays, op=ReduceOp.SUM, async_op: bool = False):
-        """All-reduce each array of ``arrays`` (one queued operation).
-
-        Example::
-
-            pg.all_reduce_coalesced([w_grad, b_grad])
-        """
+    @overload
+    def all_reduce_coalesced(self, arrays: Sequence[Array], op: ReduceOpLike = ...,
+                             async_op: Literal[False] = ...) -> None: ...
+    @overload
+    def all_reduce_coalesced(self, arrays: Sequence[Array], op: ReduceOpLike = ..., *,
+                             async_op: Literal[True]) -> Work: ...
+    @overload
+    def all_reduce_coalesced(self, arrays: Sequence[Array], op: ReduceOpLike = ...,
+                             async_op: bool = ...) -> Work | None: ...
+    def all_reduce_coalesced(self, arrays: Sequence[Array], op: ReduceOpLike = ReduceOp.SUM,
+                             async_op: bool = False) -> Work | None:
+        """``shmcomm.all_reduce_coalesced`` on this group (its text is copied here at import)."""
         arrays, code = list(arrays), op_code(op)
         reduce_one = self._comm.all_reduce
 
@@ -119,85 +154,48 @@ class ProcessGroup(_core.GroupCore):
         return self._comm.submit(run, (), arrays, async_op)
 
     # ---- point to point ---------------------------------------------------------------------
-    def isend(self, array, dst: int, tag: int = 0) -> Work:
-        """Start sending ``array`` to ``dst``; the returned Work completes once it is delivered
-        into shared memory. The array must not change until then.
-
-        Example::
-
-            w = pg.isend(x, dst=1); w.wait()
-        """
+    def isend(self, array: Array, dst: int, tag: int = 0) -> Work:
+        """``shmcomm.isend`` on this group (its text is copied here at import)."""
         work = Work(None, (array,), [array], self.abort, self._p2p.drive)
         self._p2p.post_send(work._future, array, _rank_arg(dst, "dst"), _tag_arg(tag))
         return work
 
-    def irecv(self, array, src: int | None = None, tag: int = 0) -> Work:
-        """Start receiving into ``array``; ``Work.source_rank()`` names the sender once done.
-
-        Example::
-
-            w = pg.irecv(buf, src=0); w.wait()
-        """
+    def irecv(self, array: Array, src: int | None = None, tag: int = 0) -> Work:
+        """``shmcomm.irecv`` on this group (its text is copied here at import)."""
         work = Work(None, (array,), [array], self.abort, self._p2p.drive)
         source = _core.source_arg(src)
         self._p2p.post_recv(work._future, array, source, _tag_arg(tag), work)
         return work
 
     # ---- object collectives -----------------------------------------------------------------
-    def broadcast_object_list(self, object_list: list, src: int = 0) -> None:
-        """Broadcast picklable objects: ``object_list`` of ``src`` replaces everyone's, in place.
-
-        Example::
-
-            objs = [{"lr": 0.1}, "cfg"] if pg.rank == 0 else [None, None]
-            pg.broadcast_object_list(objs, src=0)
-        """
+    def broadcast_object_list(self, object_list: list[Any], src: int = 0) -> None:
+        """``shmcomm.broadcast_object_list`` on this group (its text is copied here at import)."""
         from shmcomm import objects
 
         objects.broadcast_object_list(self, object_list, src)
 
-    def all_gather_object(self, object_list: list, obj) -> None:
-        """Fill ``object_list`` (world_size long) with every rank's picklable ``obj``.
-
-        Example::
-
-            out = [None] * pg.size; pg.all_gather_object(out, {"rank": pg.rank})
-        """
+    def all_gather_object(self, object_list: list[Any], obj: Any) -> None:
+        """``shmcomm.all_gather_object`` on this group (its text is copied here at import)."""
         from shmcomm import objects
 
         objects.all_gather_object(self, object_list, obj)
 
-    def gather_object(self, obj, object_gather_list: list | None = None, dst: int = 0) -> None:
-        """Collect every rank's picklable ``obj`` into ``object_gather_list`` on ``dst``.
-
-        Example::
-
-            out = [None] * pg.size if pg.rank == 0 else None; pg.gather_object(pg.rank, out)
-        """
+    def gather_object(self, obj: Any, object_gather_list: list[Any] | None = None, dst: int = 0) -> None:
+        """``shmcomm.gather_object`` on this group (its text is copied here at import)."""
         from shmcomm import objects
 
         objects.gather_object(self, obj, object_gather_list, dst)
 
-    def scatter_object_list(self, scatter_object_output_list: list, scatter_object_input_list,
-                            src: int = 0) -> None:
-        """Rank q gets ``scatter_object_input_list[q]`` of ``src`` in ``output_list[0]``.
-
-        Example::
-
-            out = [None]; pg.scatter_object_list(out, list(range(pg.size)) if pg.rank == 0 else None)
-        """
+    def scatter_object_list(self, scatter_object_output_list: list[Any],
+                            scatter_object_input_list: Sequence[Any] | None = None, src: int = 0) -> None:
+        """``shmcomm.scatter_object_list`` on this group (its text is copied here at import)."""
         from shmcomm import objects
 
         objects.scatter_object_list(self, scatter_object_output_list, scatter_object_input_list, src)
 
     # ---- shared arrays ------------------------------------------------------------------------
-    def empty(self, shape, dtype=float):
-        """A numpy array in this group's shared memory (collective: every rank calls it).
-
-        Example::
-
-            x = pg.empty(1 << 20, np.float32)
-        """
+    def empty(self, shape: int | Sequence[int], dtype: DTypeLike = float) -> np.ndarray[Any, np.dtype[Any]]:
+        """``shmcomm.empty`` on this group (its text is copied here at import)."""
         from shmcomm import shared_arrays
 
         return shared_arrays.empty(self, shape, dtype)
@@ -207,7 +205,12 @@ class ProcessGroup(_core.GroupCore):
         """Release this group's shared memory once its queued operations ran (idempotent).
 
         ``destroy_process_group`` calls it and also forgets the group; a group made outside the
-        module's registry (the torch backend's) is destroyed with this alone.
+        module's registry (the torch backend's) is destroyed with this alone. Later calls on the
+        group raise ``ValueError`` or ``ShmcommError`` ("the process group was destroyed").
+        In a forked child it only forgets the group: the parent is still in it.
+
+        Raises:
+            ShmcommError: called from inside one of the group's own queued operations.
 
         Example::
 
@@ -295,15 +298,43 @@ def _multinode_environment(world_size: int) -> bool:
 
 def init_process_group(rank: int | None = None, world_size: int | None = None, name: str | None = None,
                        timeout: float | None = None) -> ProcessGroup:
-    """Join the default group; missing arguments come from RANK, WORLD_SIZE and SHMCOMM_JOB.
+    """Join the default group of this job; returns it once every rank has joined.
 
-    Every rank must call it with the same job name and world size; it returns once all have
-    joined (or raises CommTimeoutError after ``timeout`` seconds, default SHMCOMM_TIMEOUT or 300).
-    Launched on several nodes (``LOCAL_WORLD_SIZE`` != ``WORLD_SIZE``, as torchrun and
-    ``shmrun --nnodes`` set), the group is hierarchical: shared memory inside each node, torch's
-    gloo between nodes (``shmcomm.hierarchy``; needs the ``shmcomm[torch]`` extra)::
+    Every rank of the job calls it with the same job name and world size. Missing arguments
+    come from the environment ``shmrun`` and ``torchrun`` set: ``RANK``, ``WORLD_SIZE``, and the
+    job name from ``SHMCOMM_JOB``, else ``TORCHELASTIC_RUN_ID`` + ``MASTER_PORT``. Launched on
+    several nodes (``LOCAL_WORLD_SIZE`` != ``WORLD_SIZE``, as torchrun and ``shmrun --nnodes``
+    set, with rank and world size from the environment), the group is hierarchical: shared
+    memory inside each node, torch's gloo between nodes (``shmcomm.hierarchy``; needs the
+    ``shmcomm[torch]`` extra).
 
-        pg = sc.init_process_group()                                  # under shmrun
+    Args:
+        rank (int | None): this process's rank in ``[0, world_size)``; None (the default):
+            ``RANK``.
+        world_size (int | None): the number of ranks; None (the default): ``WORLD_SIZE``.
+        name (str | None): the job name, the same on every rank and unique among the jobs
+            running on this machine; None (the default): from the environment.
+        timeout (float | None): seconds a collective of this group, and this call, may wait for
+            the other ranks; None (the default): ``SHMCOMM_TIMEOUT``, else 300.
+
+    Returns:
+        ProcessGroup: the default group, also used by every call made with ``group=None``.
+
+    Raises:
+        ValueError: it was already called (without ``destroy_process_group``); a variable
+            needed is not set or not an integer (the message names it); ``rank`` is outside
+            ``[0, world_size)``, ``world_size`` < 1, ``timeout`` <= 0, or ``name`` empty.
+        TypeError: ``rank`` or ``world_size`` is not an int.
+        CommTimeoutError: not every rank joined within ``timeout``.
+        PeerFailureError: rank 0 died during the start-up.
+        ShmcommError: the ranks disagree on the world size, a rank is taken by a live process,
+            the job name is in use by another live job, or a peer is not the process that joined;
+            on several nodes, torch is missing.
+        UntrustedFileError: the group's shared file is not this user's or not this job's.
+
+    Example::
+
+        pg = sc.init_process_group()               # under shmrun or torchrun
         pg = sc.init_process_group(rank=0, world_size=2, name="job-42", timeout=60.0)
     """
     global _default
@@ -348,27 +379,52 @@ def resolve(group: ProcessGroup | None) -> ProcessGroup:
 
 
 def is_initialized() -> bool:
-    """True between ``init_process_group`` and ``destroy_process_group``.
+    """Whether this process has a default group.
+
+    Returns:
+        bool: True between ``init_process_group`` and ``destroy_process_group``.
 
     Example::
 
-        if not sc.is_initialized(): sc.init_process_group()
+        if not sc.is_initialized():
+            sc.init_process_group()
     """
     return _default is not None
 
 
 def get_rank(group: ProcessGroup | None = None) -> int:
-    """This process's rank in ``group`` (default group when None).
+    """This process's rank in ``group``.
+
+    Args:
+        group (ProcessGroup | None): the group; default None, the default group.
+
+    Returns:
+        int: the rank, in ``[0, get_world_size(group))``.
+
+    Raises:
+        ValueError: ``group`` is None and shmcomm is not initialized.
+        TypeError: ``group`` is not a ProcessGroup.
 
     Example::
 
-        print(sc.get_rank())
+        if sc.get_rank() == 0:
+            print("world size", sc.get_world_size())
     """
     return resolve(group).rank
 
 
 def get_world_size(group: ProcessGroup | None = None) -> int:
-    """Number of ranks in ``group`` (default group when None).
+    """The number of ranks in ``group``.
+
+    Args:
+        group (ProcessGroup | None): the group; default None, the default group.
+
+    Returns:
+        int: the group's size, at least 1.
+
+    Raises:
+        ValueError: ``group`` is None and shmcomm is not initialized.
+        TypeError: ``group`` is not a ProcessGroup.
 
     Example::
 
@@ -378,9 +434,27 @@ def get_world_size(group: ProcessGroup | None = None) -> int:
 
 
 def new_group(ranks: Sequence[int] | None = None, timeout: float | None = None) -> ProcessGroup | None:
-    """Create a sub-group of the default group; every rank of the default group must call it.
+    """Make a group of some ranks of the default group (collective over the default group).
 
-    Ranks are sorted (as torch does); members get the new group, other ranks get None::
+    Every rank of the default group calls it, with the same ``ranks``, also those that are not
+    members. Ranks are sorted (as torch does): group rank i is the i-th smallest of ``ranks``.
+
+    Args:
+        ranks (Sequence[int] | None): ranks of the default group, distinct; None (the default):
+            all of them.
+        timeout (float | None): the new group's timeout in seconds; None (the default): the
+            default group's.
+
+    Returns:
+        ProcessGroup | None: the new group on its members, None on the other ranks.
+
+    Raises:
+        ValueError: shmcomm is not initialized; ``ranks`` is empty, holds a rank twice or one
+            outside the default group.
+        TypeError: a rank is not an int.
+        CommTimeoutError: not every member joined within the timeout.
+
+    Example::
 
         sub = sc.new_group(ranks=[0, 2])
         if sub is not None:
@@ -392,10 +466,25 @@ def new_group(ranks: Sequence[int] | None = None, timeout: float | None = None) 
 
 
 def split(color: int | None, key: int = 0, timeout: float | None = None) -> ProcessGroup | None:
-    """Split the default group by ``color``, as MPI's ``Comm_split``; every rank must call it.
+    """Split the default group by ``color``, as MPI's ``Comm_split`` (collective).
 
-    Ranks that pass the same ``color`` form one new group, ordered by ``key`` then by their
-    rank; ``color=None`` (MPI's ``UNDEFINED``) joins no group and gets None.
+    Every rank of the default group calls it. Ranks that pass the same ``color`` form one new
+    group, ordered by ``key``, then by their rank in the default group.
+
+    Args:
+        color (int | None): the new group's label, >= 0; None (MPI's ``UNDEFINED``): join none.
+        key (int): this rank's sort key in its new group; default 0.
+        timeout (float | None): the new groups' timeout in seconds; None (the default): the
+            default group's.
+
+    Returns:
+        ProcessGroup | None: this rank's new group; None for ``color=None``.
+
+    Raises:
+        ValueError: shmcomm is not initialized; ``color`` is not an int >= 0 or None.
+        TypeError: ``key`` is not an int.
+        CommTimeoutError: not every rank arrived within the timeout.
+        PeerFailureError: a rank of the default group died or left it.
 
     Example::
 
@@ -420,10 +509,25 @@ def split(color: int | None, key: int = 0, timeout: float | None = None) -> Proc
 
 def new_subgroups(group_size: int | None = None, timeout: float | None = None
                   ) -> tuple[ProcessGroup, list[ProcessGroup | None]]:
-    """Cut the default group into consecutive groups of ``group_size`` ranks (default: the
-    ranks on this machine), as ``torch.distributed.new_subgroups``; every rank must call it.
+    """Cut the default group into consecutive groups of ``group_size`` ranks (collective).
 
-    Returns this rank's group and the list of all of them (None where this rank is not a member).
+    As ``torch.distributed.new_subgroups``: every rank of the default group calls it; group k
+    holds ranks ``k * group_size`` to ``(k + 1) * group_size - 1``.
+
+    Args:
+        group_size (int | None): ranks per group, dividing the world size; None (the default):
+            the ranks on this machine (the whole default group on one node).
+        timeout (float | None): the new groups' timeout in seconds; None (the default): the
+            default group's.
+
+    Returns:
+        tuple[ProcessGroup, list[ProcessGroup | None]]: this rank's group, and every group in
+        order (None for those this rank is not in).
+
+    Raises:
+        ValueError: shmcomm is not initialized; ``group_size`` is not an int >= 1 or does not
+            divide the world size.
+        CommTimeoutError: not every member joined within the timeout.
 
     Example::
 
@@ -440,7 +544,7 @@ def new_subgroups(group_size: int | None = None, timeout: float | None = None
         raise ValueError(f"the group's {size} ranks do not divide into groups of {group_size}")
     every = [_subgroup(parent, list(range(start, start + group_size)), timeout, "")
              for start in range(0, size, group_size)]
-    return every[parent.rank // group_size], every
+    return cast(ProcessGroup, every[parent.rank // group_size]), every  # this rank is a member
 
 
 def _subgroup(parent: ProcessGroup, members: list[int], timeout: float | None,
@@ -456,7 +560,8 @@ def _subgroup(parent: ProcessGroup, members: list[int], timeout: float | None,
         parent._subgroups += 1
         index = parent._subgroups
     if getattr(parent, "topology", None) is not None:  # across nodes (shmcomm.hierarchy)
-        group = parent.subgroup(members, index, float(timeout or parent._comm.timeout))
+        group = parent.subgroup(  # type: ignore[attr-defined]  # HierarchicalGroup's
+            members, index, float(timeout or parent._comm.timeout))
     elif parent.rank not in members:
         return None
     else:
@@ -476,7 +581,19 @@ def _one_node_subgroup(parent: ProcessGroup, members: list[int], index: int,
 
 
 def destroy_process_group(group: ProcessGroup | None = None) -> None:
-    """Release a group's shared memory; with None, the default group and every sub-group.
+    """Release a group's shared memory, once its queued operations ran.
+
+    With None it destroys the default group and every group made from it, and
+    ``init_process_group`` may be called again. A destroyed group refuses every later call.
+    Destroying a group twice does nothing.
+
+    Args:
+        group (ProcessGroup | None): the group; None (the default): the default group and all
+            its sub-groups.
+
+    Raises:
+        TypeError: ``group`` is not a ProcessGroup.
+        ShmcommError: called from inside one of the group's own queued operations.
 
     Example::
 

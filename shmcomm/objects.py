@@ -9,6 +9,8 @@ cloudpickle for lambdas and local functions), their sizes exchanged first, then 
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import numpy as np
 
 from shmcomm import pickling
@@ -24,7 +26,7 @@ def _loads(buf: np.ndarray):
     return pickling.loads(buf.tobytes())
 
 
-def broadcast_object_list(group, object_list: list, src: int = 0) -> None:
+def broadcast_object_list(group: Any, object_list: list[Any], src: int = 0) -> None:
     """Replace ``object_list``'s items on every rank with those of rank ``src``."""
     if not isinstance(object_list, list):
         raise TypeError(f"object_list must be a list, got {type(object_list).__name__}")
@@ -43,13 +45,14 @@ def broadcast_object_list(group, object_list: list, src: int = 0) -> None:
         object_list[:] = received
 
 
-def _gather_payloads(group, obj, dst: int | None) -> list | None:
+def _gather_payloads(group: Any, obj: Any, dst: int | None) -> list[Any] | None:
     """Every rank's pickled ``obj`` on every rank (dst None) or on ``dst`` only."""
     mine = _dumps(obj)
     sizes = np.zeros(group.size, np.int64)
     group.all_gather_into(sizes, np.array([mine.size], np.int64))
     padded = np.zeros(int(sizes.max()), np.uint8)
     padded[: mine.size] = mine
+    whole: np.ndarray | None
     if dst is None:
         whole = np.empty(group.size * padded.size, np.uint8)
         group.all_gather_into(whole, padded)
@@ -67,22 +70,22 @@ def _check_out_list(object_list, size: int, argname: str) -> None:
         raise ValueError(f"{argname} must be a list of world_size={size} items")
 
 
-def all_gather_object(group, object_list: list, obj) -> None:
+def all_gather_object(group: Any, object_list: list[Any], obj: Any) -> None:
     """Fill ``object_list`` (world_size long) with every rank's ``obj``."""
     _check_out_list(object_list, group.size, "object_list")
-    object_list[:] = _gather_payloads(group, obj, None)
+    object_list[:] = cast("list[Any]", _gather_payloads(group, obj, None))  # a list for dst None
 
 
-def gather_object(group, obj, object_gather_list: list | None = None, dst: int = 0) -> None:
+def gather_object(group: Any, obj: Any, object_gather_list: list[Any] | None = None, dst: int = 0) -> None:
     """Fill ``object_gather_list`` on ``dst`` with every rank's ``obj``."""
     if group.rank == dst:
         _check_out_list(object_gather_list, group.size, "object_gather_list")
     result = _gather_payloads(group, obj, dst)
     if group.rank == dst:
-        object_gather_list[:] = result
+        cast("list[Any]", object_gather_list)[:] = cast("list[Any]", result)  # both lists on dst
 
 
-def scatter_object_list(group, output_list: list, input_list, src: int = 0) -> None:
+def scatter_object_list(group: Any, output_list: list[Any], input_list: Any, src: int = 0) -> None:
     """Set ``output_list[0]`` on rank q to ``input_list[q]`` of rank ``src``."""
     if not isinstance(output_list, list) or len(output_list) < 1:
         raise ValueError("scatter_object_output_list must be a list with at least one item")

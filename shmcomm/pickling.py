@@ -47,7 +47,7 @@ class Pickler(NamedTuple):
 _cloudpickle: Any = None  # the module once imported; False when it is not installed
 
 
-def cloudpickle_module():
+def cloudpickle_module() -> Any:
     """The cloudpickle module, imported on first use, or None when it is not installed.
 
     Example::
@@ -65,7 +65,7 @@ def cloudpickle_module():
     return _cloudpickle or None
 
 
-def cloudpickle_for(refused: BaseException):
+def cloudpickle_for(refused: BaseException) -> Any:
     """The cloudpickle module, to pickle by value what pickle ``refused``; without cloudpickle,
     raises ``refused`` itself with a note saying to install it.
 
@@ -84,7 +84,7 @@ def cloudpickle_for(refused: BaseException):
     return cloudpickle
 
 
-def default_dumps(obj, protocol: int = DEFAULT_PROTOCOL) -> bytes:
+def default_dumps(obj: Any, protocol: int = DEFAULT_PROTOCOL) -> bytes:
     """``pickle.dumps``, or ``cloudpickle.dumps`` for what pickle refuses (see the module text).
 
     Example::
@@ -102,7 +102,7 @@ _DEFAULT = Pickler(default_dumps, pickle.loads, DEFAULT_PROTOCOL)
 _current = _DEFAULT
 
 
-def _check_callable(value, name: str, default):
+def _check_callable(value: Any, name: str, default: Callable[..., Any]) -> Callable[..., Any]:
     if value is None:
         return default
     if not callable(value):
@@ -113,25 +113,35 @@ def _check_callable(value, name: str, default):
 def set_pickler(dumps: Callable[..., Any] | None = None,
                 loads: Callable[[bytes], Any] | None = None,
                 protocol: int | None = None) -> Pickler:
-    """Set how this process pickles the objects of object collectives and RPC; returns the
-    pickler it replaces.
+    """Set how this process pickles the objects of object collectives, RPC and ``spawn``.
 
     As mpi4py's ``MPI.pickle.__init__(dumps, loads, protocol)``: every process of the job must set
-    the same one (the bytes one writes, another reads). ``dumps(obj, protocol) -> bytes`` and
-    ``loads(bytes) -> obj``; None restores the default of each: :func:`default_dumps` (pickle, and
-    cloudpickle for what pickle refuses) and ``pickle.loads``. ``protocol`` is passed to ``dumps``
-    as its second argument; when None, the default dumps and ``pickle.dumps`` get 5 and any other
-    dumps is called without one. RPC keeps its own faster pickling for the calls pickle handles
-    (names of functions, arrays and tensors out of band) and uses this pickler for the rest::
+    the same one (the bytes one writes, another reads). RPC keeps its own faster pickling for the
+    calls pickle handles (names of functions, arrays and tensors out of band) and uses this
+    pickler for the rest.
+
+    Args:
+        dumps (Callable | None): ``dumps(obj[, protocol]) -> bytes``; None (the default):
+            :func:`default_dumps` (pickle, and cloudpickle for what pickle refuses).
+        loads (Callable | None): ``loads(bytes) -> obj``; None (the default): ``pickle.loads``.
+        protocol (int | None): passed to ``dumps`` as its second argument (negative: the
+            highest); None (the default): 5 for the default dumps and ``pickle.dumps``, none
+            for any other dumps.
+
+    Returns:
+        Pickler: the pickler it replaces; ``set_pickler(*previous)`` restores it.
+
+    Raises:
+        TypeError: ``dumps`` or ``loads`` is not callable; ``protocol`` is not an int.
+        ValueError: ``protocol`` is above ``pickle.HIGHEST_PROTOCOL``.
+
+    Example::
 
         import dill
         sc.set_pickler(dill.dumps, dill.loads)       # on every rank
         sc.broadcast_object_list(objs, src=0)
         previous = sc.set_pickler()                  # back to the default
         sc.set_pickler(*previous)                    # and back to dill
-
-    Raises ``TypeError`` for a ``dumps`` or ``loads`` that is not callable, or a ``protocol`` that
-    is not an int, and ``ValueError`` for a protocol above ``pickle.HIGHEST_PROTOCOL``.
     """
     global _current
     dumps = _check_callable(dumps, "dumps", default_dumps)
@@ -149,6 +159,9 @@ def set_pickler(dumps: Callable[..., Any] | None = None,
 
 def get_pickler() -> Pickler:
     """The pickler this process uses for object collectives and RPC (see :func:`set_pickler`).
+
+    Returns:
+        Pickler: a named tuple ``(dumps, loads, protocol)``.
 
     Example::
 
@@ -168,7 +181,7 @@ def uses_default_dumps() -> bool:
     return _current.dumps is default_dumps
 
 
-def dumps(obj) -> bytes:
+def dumps(obj: Any) -> bytes | bytearray | memoryview:
     """``obj`` pickled by the process pickler; ``TypeError`` if its dumps returns no bytes.
 
     Example::
@@ -183,7 +196,7 @@ def dumps(obj) -> bytes:
     return data
 
 
-def loads(data):
+def loads(data: bytes) -> Any:
     """The object of ``data``, made by ``dumps`` (here or on another process).
 
     Example::

@@ -47,19 +47,23 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: tuple = (), timeout: float 
     ``fn`` and ``sc.destroy_process_group()`` after it, so ``fn`` uses the collectives at once.
 
     Args:
-        fn: a function of ``(rank, nprocs, *args)``; defined anywhere, a notebook included.
-        nprocs: how many ranks, at least 1.
-        args: more arguments for ``fn`` (picklable by cloudpickle).
-        timeout: seconds before a blocked collective raises ``CommTimeoutError``.
+        fn (Callable): a function of ``(rank, nprocs, *args)``; defined anywhere, a notebook
+            included. Its return value must be picklable.
+        nprocs (int): how many ranks, at least 1.
+        args (tuple): more arguments for ``fn`` (picklable by cloudpickle); default ``()``.
+        timeout (float | None): the group's timeout: seconds before a blocked collective raises
+            ``CommTimeoutError``; None (the default): ``SHMCOMM_TIMEOUT``, else 300.
 
     Returns:
-        ``[fn's return value on rank 0, on rank 1, ...]``.
+        list: ``[fn's return value on rank 0, on rank 1, ...]``.
 
     Raises:
+        TypeError: ``fn`` is not callable, ``args`` is not a tuple, or they cannot be pickled.
+        ValueError: ``nprocs`` is not an int >= 1.
         Exception: the exception a failing rank raised (the first rank to fail), chained from a
             ``RemoteTraceback`` holding the rank's traceback.
         ShmcommError: a rank died without a Python exception (a signal, ``os._exit``) or
-            returned an unpicklable value.
+            returned an unpicklable value; ``spawn`` was called outside the main thread.
         KeyboardInterrupt: on Ctrl-C (every rank is stopped first).
 
     Example::
@@ -119,7 +123,7 @@ def _raise_failure(workdir: str, rank: int | None, failed) -> None:
     from shmcomm import launch
 
     left = _result(workdir, rank) if rank is not None else None
-    if left is not None and left[0] == "error":
+    if rank is not None and left is not None and left[0] == "error":
         _, exc, text = left
         if isinstance(exc, BaseException):
             raise exc from RemoteTraceback(rank, text)

@@ -14,16 +14,18 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from typing import Any, Iterable
+from typing import Any, Iterable, TypeVar, overload
 
 from shmcomm import _core
 from shmcomm._core import Future, Work
 from shmcomm.errors import CommTimeoutError
 
+_T = TypeVar("_T")
+
 __all__ = ["collect_all", "wait_all", "wait_any"]
 
 
-def _futures(items: Iterable[Any], func: str) -> list[Future]:
+def _futures(items: Iterable[Any], func: str) -> list[Future[Any]]:
     """Each item as a Future: a Work (or a Work-like handle, as a group across nodes returns for
     point to point) counts as its ``get_future()``."""
     futures = []
@@ -56,10 +58,25 @@ def _watch(future: Future) -> None:
     future.add_done_callback(_notify)  # outside the lock: it runs at once if already done
 
 
-def collect_all(futures: Iterable[Future | Work]) -> Future:
-    """A Future that completes once every Future or Work in ``futures`` is done; its value is
-    the list of their Futures, in order. If any failed, waiting on it raises the first failure
-    (in list order) once all are done, as ``torch.futures.collect_all`` does.
+@overload
+def collect_all(futures: Iterable[Future[_T]]) -> Future[list[Future[_T]]]: ...
+@overload
+def collect_all(futures: Iterable[Future[Any] | Work]) -> Future[list[Future[Any]]]: ...
+def collect_all(futures: Iterable[Future[Any] | Work]) -> Future[list[Future[Any]]]:
+    """A Future that completes once every Future or Work in ``futures`` is done.
+
+    As ``torch.futures.collect_all``. A Work counts as its ``get_future()``. It never blocks.
+
+    Args:
+        futures (Iterable[Future | Work]): the handles to wait for.
+
+    Returns:
+        Future[list[Future]]: completes once all are done, with the list of their Futures
+        (in order; a Work's is its ``get_future()``). If any failed, its ``wait()`` raises the
+        first failure in list order.
+
+    Raises:
+        TypeError: an item is neither a ``Future`` nor a ``Work``.
 
     Example::
 
@@ -72,12 +89,25 @@ def collect_all(futures: Iterable[Future | Work]) -> Future:
     return _core.collect_all(_futures(futures, "collect_all"))
 
 
-def wait_all(futures: Iterable[Future | Work], timeout: float | None = None) -> list:
-    """Wait for every Future or Work in ``futures`` and return their values in order (a Work's
-    value is ``work.result()``).
+@overload
+def wait_all(futures: Iterable[Future[_T]], timeout: float | None = None) -> list[_T]: ...
+@overload
+def wait_all(futures: Iterable[Future[Any] | Work], timeout: float | None = None) -> list[Any]: ...
+def wait_all(futures: Iterable[Future[Any] | Work], timeout: float | None = None) -> list[Any]:
+    """Wait for every Future or Work in ``futures`` and return their values, in order.
 
-    Raises the error of the first failed one (in list order) once all are done; with ``timeout``
-    (seconds), ``CommTimeoutError`` if they are not all done by then.
+    Args:
+        futures (Iterable[Future | Work]): the handles to wait for.
+        timeout (float | None): seconds to wait at most; None (the default): no limit.
+
+    Returns:
+        list: each one's value (``Future.wait()``; a Work's is ``work.result()``, the arrays it
+        wrote), in order.
+
+    Raises:
+        TypeError: an item is neither a ``Future`` nor a ``Work``.
+        CommTimeoutError: they were not all done within ``timeout``.
+        Exception: the error of the first failed one, in list order, once all are done.
 
     Example::
 
@@ -89,13 +119,22 @@ def wait_all(futures: Iterable[Future | Work], timeout: float | None = None) -> 
     return _core.wait_all(_futures(futures, "wait_all"), timeout)
 
 
-def wait_any(futures: Iterable[Future | Work], timeout: float | None = None) -> int:
-    """Wait until at least one Future or Work in ``futures`` is done and return its index (the
-    lowest one, when several are done), as MPI's ``Waitany``. It does not raise the one's error:
-    ``futures[i].wait()`` does.
+def wait_any(futures: Iterable[Future[Any] | Work], timeout: float | None = None) -> int:
+    """Wait until at least one Future or Work in ``futures`` is done; return its index.
 
-    Raises ``ValueError`` for an empty list and, with ``timeout`` (seconds), ``CommTimeoutError``
-    if none is done by then.
+    As MPI's ``Waitany``. It does not raise the one's error: ``futures[i].wait()`` does.
+
+    Args:
+        futures (Iterable[Future | Work]): the handles to wait for, at least one.
+        timeout (float | None): seconds to wait at most; None (the default): no limit.
+
+    Returns:
+        int: the index of a done one (the lowest, when several are done).
+
+    Raises:
+        TypeError: an item is neither a ``Future`` nor a ``Work``.
+        ValueError: ``futures`` is empty.
+        CommTimeoutError: none was done within ``timeout``.
 
     Example::
 

@@ -113,7 +113,11 @@ cdef class Future:
     It is completed exactly once, with ``set_result`` or ``set_exception``; ``wait`` blocks until
     then (releasing the GIL), ``then`` and ``add_done_callback`` attach callbacks that run, in the
     order added, when it completes (at once if it already has), and ``await fut`` works inside
-    asyncio. Safe to use from several threads.
+    asyncio. Safe to use from several threads. Generic for type checkers: ``Future[int]``.
+
+    Args:
+        devices (list | None): for torch compatibility; shmcomm futures hold host values only,
+            so it must be None or empty (else ``ValueError``). Keyword only.
 
     Example::
 
@@ -320,7 +324,10 @@ cdef class Future:
     # ---- Python API -----------------------------------------------------------------------------
 
     def done(self):
-        """Return ``True`` once the future holds a result or an exception.
+        """Whether the future holds a result or an exception; never blocks.
+
+        Returns:
+            bool: True once it is completed.
 
         Example::
 
@@ -336,7 +343,11 @@ cdef class Future:
     def set_result(self, result):
         """Complete the future with ``result`` and run its callbacks, in the order they were added.
 
-        Raises ``InvalidStateError`` if the future is already completed.
+        Args:
+            result (Any): the value; ``wait()`` and ``value()`` return it.
+
+        Raises:
+            InvalidStateError: the future is already completed.
 
         Example::
 
@@ -348,10 +359,14 @@ cdef class Future:
         self._complete(result, _FUT_RESULT)
 
     def set_exception(self, result):
-        """Complete the future with the exception ``result``; ``wait`` and ``value`` will raise it.
+        """Complete the future with the exception ``result`` and run its callbacks.
 
-        ``result`` must be an ``Exception`` instance (else ``TypeError``). Raises
-        ``InvalidStateError`` if the future is already completed.
+        Args:
+            result (Exception): the error; ``wait()`` and ``value()`` raise it.
+
+        Raises:
+            TypeError: ``result`` is not an ``Exception`` instance.
+            InvalidStateError: the future is already completed.
 
         Example::
 
@@ -370,8 +385,19 @@ cdef class Future:
     def wait(self, timeout=None):
         """Block until the future is done and return its value, or raise its exception.
 
-        The GIL is released while blocked. With ``timeout`` (seconds), raise
-        ``CommTimeoutError`` if the future is still not done by then (the future is unchanged).
+        The GIL is released while blocked; Ctrl-C interrupts the wait.
+
+        Args:
+            timeout (float | None): seconds to wait at most; None (the default): no limit.
+
+        Returns:
+            Any: the value given to ``set_result``.
+
+        Raises:
+            Exception: the exception given to ``set_exception``.
+            CommTimeoutError: not done within ``timeout`` (the future is unchanged).
+            TypeError: ``timeout`` is not a number.
+            ValueError: ``timeout`` is negative or NaN.
 
         Example::
 
@@ -389,10 +415,16 @@ cdef class Future:
         raise self._result
 
     def value(self):
-        """Return the value of a completed future, or raise its exception.
+        """The value of a completed future, or its exception raised; never blocks.
 
-        Meant for callbacks and for after ``wait``; raises ``InvalidStateError`` if the future is
-        not done yet.
+        Meant for callbacks and for after ``wait``.
+
+        Returns:
+            Any: the value given to ``set_result``.
+
+        Raises:
+            Exception: the exception given to ``set_exception``.
+            InvalidStateError: the future is not done yet.
 
         Example::
 
@@ -409,10 +441,20 @@ cdef class Future:
         raise self._result
 
     def then(self, callback):
-        """Return a new future that completes with ``callback(self)``'s return value or error.
+        """Chain ``callback``: a new future completes with its return value or error.
 
         ``callback`` runs when this future completes (at once, in this thread, if it already has),
-        after the callbacks added before it. A future returned by ``callback`` is not unwrapped.
+        after the callbacks added before it, on the thread that completes it.
+
+        Args:
+            callback (Callable[[Future], Any]): called with this future.
+
+        Returns:
+            Future: completes with ``callback(self)``'s return value (a Future it returns is not
+            unwrapped), or with the exception it raised.
+
+        Raises:
+            TypeError: ``callback`` is not callable.
 
         Example::
 
@@ -432,8 +474,15 @@ cdef class Future:
     def add_done_callback(self, callback):
         """Run ``callback(self)`` when this future completes (at once if it already has).
 
-        The return value is ignored; an exception raised by ``callback`` is logged (logger
+        Callbacks run in the order added, on the thread that completes the future. The return
+        value is ignored; an exception raised by ``callback`` is logged (logger
         ``shmcomm.future``) and not propagated.
+
+        Args:
+            callback (Callable[[Future], object]): called with this future.
+
+        Raises:
+            TypeError: ``callback`` is not callable.
 
         Example::
 
@@ -448,7 +497,9 @@ cdef class Future:
         self._add_callback(callback, None)
 
     def __await__(self):
-        """Wait for the future inside asyncio without blocking the event loop.
+        """Wait for the future inside asyncio without blocking the event loop: ``await fut``.
+
+        Returns ``value()``, or raises the future's exception.
 
         Example::
 
@@ -582,11 +633,20 @@ cdef Future _fut_collect(list futs):
 
 
 def collect_all(futures):
-    """Return a future that completes once every future in ``futures`` is done.
+    """A future that completes once every future in ``futures`` is done (Futures only).
 
-    Its value is a list of the input futures (in order). As with ``torch.futures.collect_all``, if
-    any input failed, waiting on the result raises the error of the first failed input (in list
-    order) once all are done.
+    As ``torch.futures.collect_all``; ``shmcomm.collect_all`` also takes Works.
+
+    Args:
+        futures (Iterable[Future]): the futures.
+
+    Returns:
+        Future[list[Future]]: completes with the list of the input futures (in order); if any
+        failed, waiting on it raises the error of the first failed one, in list order, once all
+        are done.
+
+    Raises:
+        TypeError: an item is not a ``Future``.
 
     Example::
 
@@ -600,10 +660,21 @@ def collect_all(futures):
 
 
 def wait_all(futures, timeout=None):
-    """Wait for every future in ``futures`` and return the list of their values.
+    """Wait for every future in ``futures`` and return their values (Futures only).
 
-    If any failed, raise the error of the first failed future (in list order) once all are done.
-    With ``timeout`` (seconds), raise ``CommTimeoutError`` if they are not all done by then.
+    ``shmcomm.wait_all`` also takes Works.
+
+    Args:
+        futures (Iterable[Future]): the futures.
+        timeout (float | None): seconds to wait at most; None (the default): no limit.
+
+    Returns:
+        list: their values, in order.
+
+    Raises:
+        TypeError: an item is not a ``Future``.
+        CommTimeoutError: they were not all done within ``timeout``.
+        Exception: the error of the first failed future, in list order, once all are done.
 
     Example::
 

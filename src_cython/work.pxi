@@ -11,9 +11,12 @@
 cdef class Work(_Call):
     """Handle of an asynchronous operation, as returned by any call with ``async_op=True``.
 
-    The Work keeps the operation's arrays alive until it completes; dropping it without
-    ``wait()`` is fine (the op still runs, in issue order). ``wait`` may be called from any
-    thread, and more than once::
+    Also by ``isend``/``irecv``. Operations of one group run in issue order; a Work keeps its
+    operation's arrays alive until it completes, so dropping it without ``wait()`` is fine (the
+    operation still runs). ``wait`` may be called from any thread, and more than once. Never
+    made by hand.
+
+    Example::
 
         work = sc.all_reduce(x, async_op=True)
         compute_something_else()
@@ -48,8 +51,25 @@ cdef class Work(_Call):
         return self._future.done()
 
     def wait(self, timeout=None):
-        """Block until done; return True or raise the op's error (CommTimeoutError past
-        ``timeout`` seconds, the op still pending).
+        """Block until the operation completes; return True or raise its error.
+
+        Waiting drives the group's queue on this thread (no hand-off when the operation is next
+        in line).
+
+        Args:
+            timeout (float | None): seconds to wait at most; None (the default): until done
+                (each collective is bounded by the group's timeout anyway).
+
+        Returns:
+            bool: True, once the operation completed successfully.
+
+        Raises:
+            CommTimeoutError: not completed within ``timeout`` (the operation stays pending and
+                may be waited for again), or the operation's own timeout.
+            CollectiveMismatchError: the operation's ranks disagreed (see the call).
+            PeerFailureError: a rank of the group died or left it.
+            AbortedError: the group was aborted.
+            ShmcommError: the group was destroyed, or is unusable after an earlier failure.
 
         Example::
 
@@ -81,7 +101,10 @@ cdef class Work(_Call):
         return True
 
     def is_completed(self):
-        """True once the operation finished, successfully or not.
+        """Whether the operation has finished, successfully or not; never blocks.
+
+        Returns:
+            bool: True once it finished.
 
         Example::
 
@@ -91,7 +114,10 @@ cdef class Work(_Call):
         return self._done()
 
     def is_success(self):
-        """True if the operation finished without error.
+        """Whether the operation has finished without error; never blocks.
+
+        Returns:
+            bool: True once it finished successfully; False while it runs or if it failed.
 
         Example::
 
@@ -100,7 +126,10 @@ cdef class Work(_Call):
         return self._done() and self.exception() is None
 
     def exception(self):
-        """The operation's error, or None (also None while still running).
+        """The operation's error, if it failed; never blocks.
+
+        Returns:
+            BaseException | None: the error; None if it succeeded or is still running.
 
         Example::
 
@@ -118,7 +147,15 @@ cdef class Work(_Call):
         return None
 
     def result(self):
-        """The arrays the operation wrote (e.g. ``[array]`` for all_reduce), after ``wait``.
+        """Wait for the operation (as ``wait()``) and return the arrays it wrote.
+
+        Returns:
+            list: the output arrays, the ones passed to the call (not copies): ``[array]`` for
+            ``all_reduce``, ``broadcast``, ``isend``/``irecv`` ...; the arrays of ``output_list``
+            for ``all_gather``/``all_to_all``; ``[]`` for ``barrier``. Each call's docstring says.
+
+        Raises:
+            Exception: the operation's error, as ``wait()`` raises it.
 
         Example::
 
@@ -128,8 +165,13 @@ cdef class Work(_Call):
         return list(self.results() if self._comm is not None else self._outputs)
 
     def get_future(self):
-        """A ``shmcomm.Future`` completed with ``result()`` (or the op's error). Its callbacks run
-        on the thread that completes the op (the group's progress thread, or a waiter).
+        """A ``Future`` completed with ``result()``, or with the operation's error.
+
+        Its callbacks run on the thread that completes the operation (the group's progress
+        thread, or a waiter). Every call returns the same Future.
+
+        Returns:
+            Future[list]: completes when the operation does.
 
         Example::
 
@@ -147,7 +189,11 @@ cdef class Work(_Call):
         return self.future
 
     def source_rank(self):
-        """Sender's rank for a completed ``irecv``; -1 otherwise.
+        """The sender's rank of a completed ``irecv``.
+
+        Returns:
+            int: the sender's rank within the group; -1 for other operations and while the
+            receive is pending.
 
         Example::
 
@@ -156,7 +202,11 @@ cdef class Work(_Call):
         return self._source
 
     def abort(self):
-        """Abort the whole group: pending and later ops on it raise AbortedError on every rank.
+        """Abort the whole group: pending and later operations on it raise ``AbortedError``.
+
+        On every rank, not only this operation: the group can only be destroyed then (as
+        ``ProcessGroup.abort()``). A point-to-point Work that is still pending fails with
+        ``AbortedError`` at once.
 
         Example::
 

@@ -70,3 +70,18 @@ def test_docstring_examples_run():
     result = runner.summarize(verbose=False)
     assert found >= 10, f"only {found} docstrings with >>> examples found"
     assert result.failed == 0, f"{result.failed} docstring examples failed (output above)"
+
+
+@pytest.mark.timeout(60)
+def test_process_group_methods_share_the_module_functions_text():
+    """One text per call: each ProcessGroup method's docstring is its module function's (copied
+    at import by shmcomm.collectives), without the ``group`` argument."""
+    from shmcomm.collectives import _SHARED_DOCS
+
+    for name in _SHARED_DOCS:
+        func, method = inspect.getdoc(getattr(shmcomm, name)), inspect.getdoc(getattr(shmcomm.ProcessGroup, name))
+        assert func.splitlines()[0] == method.splitlines()[0], name
+        for section in ("Args:", "Returns:", "Raises:", "Example"):
+            assert section in func and section in method, (name, section)
+        assert "    group (" in func and "    group (" not in method, name
+        assert f"pg.{name}(" in method, name

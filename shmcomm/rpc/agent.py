@@ -63,7 +63,10 @@ SLICE = 0.02          # longest a waiting caller goes without checking its deadl
 class WorkerInfo(NamedTuple):
     """A worker's name and id (its rank), as returned by ``rpc.get_worker_info``.
 
-    Usable wherever a destination is expected::
+    ``name`` is the name the worker passed to ``init_rpc``, ``id`` its rank. Usable wherever a
+    destination (``to``) is expected.
+
+    Example::
 
         info = rpc.get_worker_info("worker1")     # WorkerInfo(name='worker1', id=1)
         rpc.rpc_sync(info, operator.add, args=(1, 2))

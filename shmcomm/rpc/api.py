@@ -5,7 +5,9 @@ from __future__ import annotations
 import atexit
 import threading
 import time
+from typing import Any, Callable, Iterable, TypeVar
 
+from shmcomm._core import Future
 from shmcomm.errors import InvalidStateError, PeerFailureError
 from shmcomm.rpc.agent import KIND_REQUEST, Agent, WorkerInfo
 from shmcomm.rpc.functions import async_execution
@@ -14,6 +16,8 @@ from shmcomm.rpc.rref import RRef, _owner_create, _run_into
 __all__ = ["init_rpc", "shutdown", "rpc_sync", "rpc_async", "remote", "get_worker_info"]
 
 DEFAULT_RPC_TIMEOUT = 60.0
+
+_T = TypeVar("_T")
 
 _agent: Agent | None = None
 _lock = threading.Lock()
@@ -30,14 +34,37 @@ def _current() -> Agent:
 def init_rpc(name: str, rank: int | None = None, world_size: int | None = None, *,
              job: str | None = None, timeout: float | None = None,
              rpc_timeout: float = DEFAULT_RPC_TIMEOUT, num_worker_threads: int = 16,
-             backend=None, rpc_backend_options=None) -> None:
-    """Join the RPC group as worker ``name``; returns once every worker has joined.
+             backend: Any = None, rpc_backend_options: Any = None) -> None:
+    """Join the job's RPC group as worker ``name``; returns once every worker has joined.
 
-    ``rank``, ``world_size`` and the job name default to RANK, WORLD_SIZE and SHMCOMM_JOB, as for
-    ``init_process_group``. ``timeout`` bounds the start-up (default SHMCOMM_TIMEOUT or 300 s),
-    ``rpc_timeout`` is the default per-call timeout, ``num_worker_threads`` the most requests that
-    may block at once. ``backend`` is accepted for torch compatibility; from
-    ``rpc_backend_options`` the fields ``rpc_timeout`` and ``num_worker_threads`` are used::
+    Every process of the job calls it once (and ``shutdown`` at the end). It needs no process
+    group: RPC has its own shared-memory channels.
+
+    Args:
+        name (str): this worker's name, unique in the job (``to`` of the calls).
+        rank (int | None): this worker's rank in ``[0, world_size)``; None (the default):
+            ``RANK``.
+        world_size (int | None): the number of workers; None (the default): ``WORLD_SIZE``.
+        job (str | None): the job name, the same on every worker; None (the default):
+            ``SHMCOMM_JOB``, else ``TORCHELASTIC_RUN_ID`` + ``MASTER_PORT``.
+        timeout (float | None): seconds the start-up may take; None (the default):
+            ``SHMCOMM_TIMEOUT``, else 300.
+        rpc_timeout (float): the default timeout of each call in seconds, 0 for none;
+            default 60.
+        num_worker_threads (int): how many requests may block at once on this worker; default 16.
+        backend (Any): accepted for torch compatibility, ignored.
+        rpc_backend_options (Any): torch's options object; its ``rpc_timeout`` and
+            ``num_worker_threads`` fields are used. Default None.
+
+    Raises:
+        ValueError: ``name`` is empty or not a string, or taken by another worker; a variable
+            needed is not set (the message names it); ``rpc_timeout`` < 0,
+            ``num_worker_threads`` < 1.
+        TypeError: ``rank``, ``world_size`` or ``num_worker_threads`` is not an int.
+        InvalidStateError: RPC is already initialized in this process.
+        CommTimeoutError: not every worker joined within ``timeout``.
+
+    Example::
 
         rpc.init_rpc(f"worker{rank}", rank=rank, world_size=3, job="job-42")
         ...
@@ -88,7 +115,17 @@ def _stop_at_exit() -> None:
 
 
 def get_worker_info(name: str | None = None) -> WorkerInfo:
-    """The WorkerInfo of worker ``name`` (this worker when None).
+    """The ``WorkerInfo`` (name and rank) of worker ``name``, or of this worker.
+
+    Args:
+        name (str | None): a worker's name; None (the default): this worker.
+
+    Returns:
+        WorkerInfo: ``WorkerInfo(name, id)``, ``id`` being the worker's rank.
+
+    Raises:
+        ValueError: no worker has this name.
+        InvalidStateError: RPC is not initialized.
 
     Example::
 
@@ -120,13 +157,37 @@ def _check_call(func, args, kwargs, timeout):
     return args, kwargs or None
 
 
-def rpc_sync(to, func, args=(), kwargs=None, timeout=None):
+def rpc_sync(to: str | int | WorkerInfo, func: Callable[..., _T], args: Iterable[Any] = (),
+             kwargs: dict[str, Any] | None = None, timeout: float | None = None) -> _T:
     """Run ``func(*args, **kwargs)`` on worker ``to`` and return its result.
 
-    ``to`` is a worker name, a rank or a WorkerInfo (this worker too). ``timeout`` in seconds:
-    None uses init_rpc's ``rpc_timeout``, 0 waits forever; past it ``CommTimeoutError`` (a
-    ``TimeoutError``) is raised. The callee's exception is raised here with the same type and its
-    traceback in the message; a dead callee raises ``PeerFailureError``::
+    Arrays and tensors in the arguments and the result travel through shared memory; other
+    objects are pickled (functions by name; lambdas and local functions by value).
+
+    Args:
+        to (str | int | WorkerInfo): the worker: its name, its rank or its ``WorkerInfo``
+            (this worker too).
+        func (Callable): the function to run there.
+        args (Iterable): its positional arguments; default ``()``.
+        kwargs (dict | None): its keyword arguments; default None.
+        timeout (float | None): seconds to wait for the result; None (the default):
+            ``init_rpc``'s ``rpc_timeout``; 0: no limit.
+
+    Returns:
+        What ``func`` returned (for an ``@async_execution`` function, its Future's value).
+
+    Raises:
+        Exception: what ``func`` raised, with the same type, its message followed by the remote
+            traceback (``RemoteError`` where the type cannot be rebuilt here).
+        TypeError: ``func`` is not callable, ``args`` not iterable, ``kwargs`` not a dict,
+            ``timeout`` not a number; ``to`` is not a name, rank or WorkerInfo.
+        ValueError: ``to`` names no worker of the group.
+        CommTimeoutError: no result within ``timeout`` (also a ``TimeoutError``).
+        PeerFailureError: worker ``to`` died.
+        InvalidStateError: RPC is not initialized.
+        ShmcommError: RPC is shut down.
+
+    Example::
 
         rpc.rpc_sync("worker1", operator.add, args=(2, 3))          # 5
         rpc.rpc_sync(1, np.add, args=(np.ones(4), 1), timeout=5.0)  # array([2., 2., 2., 2.])
@@ -136,10 +197,32 @@ def rpc_sync(to, func, args=(), kwargs=None, timeout=None):
     return agent.call_sync(agent.resolve(to), func, args, kwargs, timeout)
 
 
-def rpc_async(to, func, args=(), kwargs=None, timeout=None):
-    """Start ``func(*args, **kwargs)`` on worker ``to``; returns a ``shmcomm.Future`` of its result.
+def rpc_async(to: str | int | WorkerInfo, func: Callable[..., _T], args: Iterable[Any] = (),
+              kwargs: dict[str, Any] | None = None, timeout: float | None = None) -> Future[_T]:
+    """Start ``func(*args, **kwargs)`` on worker ``to``; returns a ``Future`` of its result at once.
 
-    Errors (the callee's, a timeout, a dead callee) complete the Future exceptionally::
+    The arguments are those of ``rpc_sync``.
+
+    Args:
+        to (str | int | WorkerInfo): the worker: its name, its rank or its ``WorkerInfo``.
+        func (Callable): the function to run there.
+        args (Iterable): its positional arguments; default ``()``.
+        kwargs (dict | None): its keyword arguments; default None.
+        timeout (float | None): seconds until the Future fails with ``CommTimeoutError``; None
+            (the default): ``init_rpc``'s ``rpc_timeout``; 0: no limit.
+
+    Returns:
+        Future: completes with what ``func`` returned, or with the error ``rpc_sync`` would
+        raise (``func``'s, ``CommTimeoutError``, ``PeerFailureError``).
+
+    Raises:
+        TypeError: ``func`` is not callable, ``args`` not iterable, ``kwargs`` not a dict,
+            ``timeout`` not a number; ``to`` is not a name, rank or WorkerInfo.
+        ValueError: ``to`` names no worker of the group.
+        InvalidStateError: RPC is not initialized.
+        ShmcommError: RPC is shut down.
+
+    Example::
 
         futs = [rpc.rpc_async("worker1", operator.mul, args=(i, i)) for i in range(4)]
         sc.wait_all(futs)                                          # [0, 1, 4, 9]
@@ -150,11 +233,32 @@ def rpc_async(to, func, args=(), kwargs=None, timeout=None):
     return agent.call_async(agent.resolve(to), func, args, kwargs, timeout, KIND_REQUEST)
 
 
-def remote(to, func, args=(), kwargs=None, timeout=None) -> RRef:
-    """Run ``func(*args, **kwargs)`` on worker ``to`` and return an RRef to the result, at once.
+def remote(to: str | int | WorkerInfo, func: Callable[..., Any], args: Iterable[Any] = (),
+           kwargs: dict[str, Any] | None = None, timeout: float | None = None) -> RRef:
+    """Run ``func(*args, **kwargs)`` on worker ``to``; returns at once an ``RRef`` to the result.
 
-    The result stays on ``to`` (the owner) while any worker holds an RRef to it; errors of
-    ``func`` are raised by ``to_here()``::
+    The result stays on ``to`` (its owner) while any worker holds an RRef to it.
+
+    Args:
+        to (str | int | WorkerInfo): the owner: a worker's name, rank or ``WorkerInfo``.
+        func (Callable): the function that makes the value there.
+        args (Iterable): its positional arguments; default ``()``.
+        kwargs (dict | None): its keyword arguments; default None.
+        timeout (float | None): seconds the creation may take; None (the default):
+            ``init_rpc``'s ``rpc_timeout``; 0: no limit.
+
+    Returns:
+        RRef: a reference to the value; ``func``'s error is raised by ``to_here()`` and the
+        proxies.
+
+    Raises:
+        TypeError: ``func`` is not callable, ``args`` not iterable, ``kwargs`` not a dict,
+            ``timeout`` not a number; ``to`` is not a name, rank or WorkerInfo.
+        ValueError: ``to`` names no worker of the group.
+        InvalidStateError: RPC is not initialized.
+        ShmcommError: RPC is shut down.
+
+    Example::
 
         rref = rpc.remote("worker1", torch.ones, args=(2,))
         rref.to_here()                       # tensor([1., 1.])
@@ -170,7 +274,7 @@ def remote(to, func, args=(), kwargs=None, timeout=None) -> RRef:
 
         data, bufs = dumps((func, args, kwargs), dst)   # value semantics, as for a remote owner
         func, args, kwargs = loads(data, _copies(bufs))
-        value = _core.Future()
+        value: _core.Future[Any] = _core.Future()
         obj = RRef._owned(agent, rid, value)
         agent._pool.submit(_run_into, value, func, args, kwargs)
         return obj
@@ -190,9 +294,22 @@ def _shutdown_arrive(rank: int):
 
 
 def shutdown(graceful: bool = True, timeout: float | None = None) -> None:
-    """Leave RPC. With ``graceful`` (the default) first wait until every worker has called
-    ``shutdown`` with no call outstanding, so no worker leaves while others still need it; a dead
-    worker is excused. ``timeout`` bounds that wait (None: as long as the workers live)::
+    """Leave RPC: this process's agent stops and ``init_rpc`` may be called again.
+
+    With ``graceful`` (the default), first wait until every worker has called ``shutdown`` with
+    no call outstanding, so no worker leaves while others still need it; a dead worker is
+    excused. Without it, leave at once: pending calls fail.
+
+    Args:
+        graceful (bool): wait for every worker first; default True.
+        timeout (float | None): seconds that wait may take; None (the default): as long as the
+            workers live.
+
+    Raises:
+        InvalidStateError: RPC is not initialized.
+        CommTimeoutError: ``graceful`` and the workers did not all arrive within ``timeout``.
+
+    Example::
 
         rpc.shutdown()                      # every worker, at the end
         rpc.shutdown(graceful=False)        # leave now: pending calls fail

@@ -16,18 +16,33 @@ without holding a thread::
 from __future__ import annotations
 
 import functools
+from typing import Any, Callable
 
 __all__ = ["async_execution", "is_async_execution"]
 
 _MARK = "_shmcomm_async_execution"
 
 
-def async_execution(fn):
+def async_execution(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Mark ``fn`` as returning a Future whose value is the RPC's reply (sent once it completes).
 
-    The returned Future may be a ``shmcomm.Future``, a ``torch.futures.Future`` or anything with
-    ``add_done_callback`` and ``value``. With ``@staticmethod`` or ``@classmethod`` it must be the
-    inner decorator; it also works on plain methods called through an instance or an RRef proxy::
+    The callee's thread is free while the Future is pending, so the function can wait for other
+    RPCs. The returned Future may be a ``shmcomm.Future``, a ``torch.futures.Future`` or anything
+    with ``add_done_callback`` and ``value``. With ``@staticmethod`` or ``@classmethod`` it must
+    be the inner decorator; it also works on plain methods called through an instance or an
+    RRef proxy. Called directly (not through RPC), the function returns its Future.
+
+    Args:
+        fn (Callable): a function that returns a Future.
+
+    Returns:
+        Callable: ``fn``, wrapped and marked (``functools.wraps`` keeps its name and docstring).
+
+    Raises:
+        TypeError: ``fn`` is not callable. Through RPC, the caller gets a ``TypeError`` when
+            ``fn`` returns something that is not a Future.
+
+    Example::
 
         class Adder:
             @staticmethod
@@ -50,8 +65,9 @@ def async_execution(fn):
     return wrapper
 
 
-def is_async_execution(fn) -> bool:
-    """True if ``fn`` (a function, bound method, static or class method) is marked.
+def is_async_execution(fn: Any) -> bool:
+    """Whether ``fn`` (a function, bound method, static or class method) is marked by
+    ``async_execution`` (or torch's own decorator).
 
     Example::
 

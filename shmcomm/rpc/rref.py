@@ -19,8 +19,13 @@ object again and counts nothing.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from shmcomm import _core
 from shmcomm.rpc.functions import async_execution, is_async_execution
+
+if TYPE_CHECKING:
+    from shmcomm.rpc.agent import WorkerInfo
 
 __all__ = ["RRef"]
 
@@ -34,8 +39,18 @@ def _agent():
 class RRef:
     """A reference to a value owned by one worker, as ``torch.distributed.rpc.RRef``.
 
-    ``RRef(value)`` wraps a local value (this worker owns it) so it can be passed to others;
-    ``rpc.remote`` returns RRefs to values made elsewhere::
+    ``rpc.remote`` returns RRefs to values made on another worker; ``RRef(value)`` wraps a
+    local value (this worker owns it) so it can be passed to others. An RRef travels in RPC
+    arguments and results; the owner keeps the value while any worker holds an RRef to it.
+
+    Args:
+        value (Any): the value this worker owns.
+        type_hint (Any): accepted for torch compatibility, ignored. Default None.
+
+    Raises:
+        InvalidStateError: RPC is not initialized.
+
+    Example::
 
         rref = rpc.RRef([1, 2, 3])                       # owned here
         rpc.rpc_sync("worker1", len_of, args=(rref,))    # worker1 calls rref.to_here()
@@ -43,8 +58,9 @@ class RRef:
     """
 
     __slots__ = ("_agent", "_owner", "_id", "_value", "_created", "_counted", "__weakref__")
+    _value: Any  # the value's Future on the owner, None on other workers
 
-    def __init__(self, value, type_hint=None):  # noqa: ARG002 - torch signature
+    def __init__(self, value: Any, type_hint: Any = None) -> None:  # noqa: ARG002 - torch signature
         agent = _agent()
         self._agent = agent
         self._owner = agent.rank
@@ -75,8 +91,11 @@ class RRef:
         return self
 
     # ---- identity -----------------------------------------------------------------------------
-    def owner(self):
-        """The owner's WorkerInfo.
+    def owner(self) -> WorkerInfo:
+        """The owner's ``WorkerInfo`` (name and rank).
+
+        Returns:
+            WorkerInfo: the worker that holds the value.
 
         Example::
 
@@ -87,6 +106,9 @@ class RRef:
     def owner_name(self) -> str:
         """The owner's worker name.
 
+        Returns:
+            str: the name the owner passed to ``init_rpc``.
+
         Example::
 
             assert rref.owner_name() == "worker1"
@@ -94,7 +116,10 @@ class RRef:
         return self._agent.infos[self._owner].name
 
     def is_owner(self) -> bool:
-        """True on the worker that holds the value.
+        """Whether this worker holds the value.
+
+        Returns:
+            bool: True on the owner.
 
         Example::
 
@@ -103,7 +128,11 @@ class RRef:
         return self._owner == self._agent.rank
 
     def confirmed_by_owner(self) -> bool:
-        """True once the owner has made the value (or failed to).
+        """Whether the owner has made the value (or failed to); never blocks.
+
+        Returns:
+            bool: True once the owner answered ``rpc.remote``; always True on the owner of an
+            ``RRef(value)``.
 
         Example::
 
@@ -112,8 +141,15 @@ class RRef:
         return self._created.done()
 
     # ---- the value ----------------------------------------------------------------------------
-    def local_value(self):
-        """The value itself, on the owner (waits until it is made); RuntimeError elsewhere.
+    def local_value(self) -> Any:
+        """The value itself, on the owner; waits until it is made.
+
+        Returns:
+            Any: the value (not a copy).
+
+        Raises:
+            RuntimeError: this worker is not the owner (use ``to_here``).
+            Exception: the error that making the value raised.
 
         Example::
 
@@ -124,8 +160,20 @@ class RRef:
                                f"{self._agent.name}; use to_here()")
         return self._value.wait()
 
-    def to_here(self, timeout=None):
+    def to_here(self, timeout: float | None = None) -> Any:
         """A copy of the value on this worker (the value itself on the owner).
+
+        Args:
+            timeout (float | None): seconds to wait; None (the default): ``init_rpc``'s
+                ``rpc_timeout``; 0: no limit (on the owner, None and 0 wait without a limit).
+
+        Returns:
+            Any: the value.
+
+        Raises:
+            Exception: the error that making the value raised.
+            CommTimeoutError: the value did not arrive within ``timeout``.
+            PeerFailureError: the owner died.
 
         Example::
 
@@ -137,8 +185,18 @@ class RRef:
         return agent.call_sync(self._owner, _owner_fetch, (self._id,), None, timeout)
 
     # ---- proxies ------------------------------------------------------------------------------
-    def rpc_sync(self, timeout=None):
+    def rpc_sync(self, timeout: float | None = None) -> Any:
         """A proxy whose methods run on the owner through ``rpc_sync``.
+
+        ``rref.rpc_sync().m(*args)`` calls ``m`` of the value on the owner and returns its
+        result.
+
+        Args:
+            timeout (float | None): each call's timeout in seconds; None (the default):
+                ``init_rpc``'s ``rpc_timeout``.
+
+        Returns:
+            A proxy: any attribute is a function that makes the call.
 
         Example::
 
@@ -146,8 +204,18 @@ class RRef:
         """
         return _Proxy(self, "sync", timeout)
 
-    def rpc_async(self, timeout=None):
-        """A proxy whose methods run on the owner through ``rpc_async`` (they return Futures).
+    def rpc_async(self, timeout: float | None = None) -> Any:
+        """A proxy whose methods run on the owner through ``rpc_async``.
+
+        ``rref.rpc_async().m(*args)`` calls ``m`` of the value on the owner and returns a
+        ``Future`` of its result at once.
+
+        Args:
+            timeout (float | None): each call's timeout in seconds; None (the default):
+                ``init_rpc``'s ``rpc_timeout``.
+
+        Returns:
+            A proxy: any attribute is a function that makes the call.
 
         Example::
 
@@ -155,8 +223,18 @@ class RRef:
         """
         return _Proxy(self, "async", timeout)
 
-    def remote(self, timeout=None):
-        """A proxy whose methods run on the owner through ``remote`` (they return RRefs).
+    def remote(self, timeout: float | None = None) -> Any:
+        """A proxy whose methods run on the owner through ``remote``.
+
+        ``rref.remote().m(*args)`` calls ``m`` of the value on the owner and returns at once an
+        ``RRef`` to its result, owned by the same worker.
+
+        Args:
+            timeout (float | None): each call's timeout in seconds; None (the default):
+                ``init_rpc``'s ``rpc_timeout``.
+
+        Returns:
+            A proxy: any attribute is a function that makes the call.
 
         Example::
 
@@ -225,8 +303,8 @@ class _Proxy:
 
 
 # ---- helpers ------------------------------------------------------------------------------------
-def _done(value):
-    fut = _core.Future()
+def _done(value: Any) -> _core.Future[Any]:
+    fut: _core.Future[Any] = _core.Future()
     fut.set_result(value)
     return fut
 
@@ -291,7 +369,7 @@ def _rebuild(owner: int, rid: tuple, counted: bool) -> RRef:
 def _owner_create(rid: tuple, func, args, kwargs):
     """Make the value of a new RRef from ``remote``; the creator holds the first reference."""
     agent = _agent()
-    value = _core.Future()
+    value: _core.Future[Any] = _core.Future()
     obj = RRef._owned(agent, rid, value)
     with agent.owners_lock:
         agent.owners[rid] = [obj, 1]
@@ -335,13 +413,15 @@ def _owner_decref(rids: list) -> None:
 @async_execution
 def _owner_call(rref: RRef, name: str, args: tuple, kwargs: dict):
     """Call method ``name`` of the value of ``rref`` (an owner RRef here) once it exists."""
-    out = _core.Future()
+    out: _core.Future[Any] = _core.Future()
 
     def run(f):
         try:
             method = getattr(f.value(), name)
         except BaseException as exc:  # noqa: BLE001 - no such value or attribute
-            out.set_exception(exc)
+            # set_exception takes an Exception only: a KeyboardInterrupt or SystemExit here makes
+            # it raise TypeError and leaves ``out`` pending
+            out.set_exception(exc)  # type: ignore[arg-type]
             return
         _run_into(out, method, args, kwargs)
 

@@ -401,8 +401,12 @@ def loads(data: bytes, buffers: list):
 class RemoteError(RuntimeError):
     """An exception raised by a remote function whose type could not be rebuilt on the caller.
 
-    ``exc_type`` names the remote type, ``remote_traceback`` holds its traceback text, ``original``
-    is the unpickled exception when that worked (else None)::
+    Raised by ``rpc_sync``, a Future's ``wait()`` and ``RRef.to_here()`` in place of the callee's
+    exception. Its message is the remote message followed by the remote traceback;
+    ``exc_type`` names the remote type (``module.QualName``), ``remote_traceback`` holds the
+    traceback text, ``original`` is the unpickled exception when that worked (else None).
+
+    Example::
 
         try:
             rpc.rpc_sync("worker1", fails)
