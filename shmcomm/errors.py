@@ -136,3 +136,22 @@ class UntrustedFileError(ShmcommError, PermissionError):
         except sc.UntrustedFileError as e:
             print(e)   # ... owned by uid 1001 (mallory), mode 0666, 2 links ...
     """
+
+
+def future_error(exc: BaseException) -> Exception:
+    """``exc`` as a Future can hold it (``set_exception`` takes an Exception only, as torch's):
+    an Exception as it is; a ``SystemExit``, ``KeyboardInterrupt`` or ``GeneratorExit`` raised by
+    the work behind the Future as a ``ShmcommError`` naming it, chained to it. Without this the
+    Future would stay pending forever.
+
+    Example::
+
+        >>> future_error(SystemExit(3))
+        ShmcommError('the operation raised SystemExit: 3')
+    """
+    if isinstance(exc, Exception):
+        return exc
+    wrapped = ShmcommError(f"the operation raised {type(exc).__name__}: {exc}")
+    wrapped.__cause__ = exc
+    return wrapped
+

@@ -218,6 +218,7 @@ class ProcessGroup(_core.GroupCore):
         """
         if self._destroyed:
             return
+        self._comm.refuse_inside_own_operation()  # before anything is given up
         self._destroyed = True
         _alive.discard(self)
         if os.getpid() != self._comm.owner_pid:

@@ -614,8 +614,9 @@ class HierarchicalGroup(ProcessGroup):
 
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None,
                           async_op=False):
-        return self.comm.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
-                                           async_op)
+        return self.comm.all_to_all_single(
+            output, input, _core.rows_to_elements(output, output_split_sizes, "output_split_sizes"),
+            _core.rows_to_elements(input, input_split_sizes, "input_split_sizes"), async_op)
 
     def barrier(self, async_op=False):
         return self.comm.barrier(async_op)

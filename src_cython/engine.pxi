@@ -65,6 +65,9 @@ cdef char *_grown(char **buf, size_t *cap, size_t nbytes, const char *what) exce
     return buf[0]
 
 
+_NESTED_CLOSE = "a process group cannot be destroyed from inside one of its own operations"
+
+
 cdef class Communicator:
     """The compiled side of a process group (internal: use ``shmcomm.init_process_group``)."""
     cdef Segment seg
@@ -880,8 +883,7 @@ cdef class Communicator:
         claim = capi.shm_engine_claim_inline(&self.engine)
         if claim == SHM_CLAIM_NESTED:
             capi.shm_engine_release(&self.engine, claim, 0)
-            raise ShmcommError("a process group cannot be destroyed from inside one of its own "
-                               "operations")
+            raise ShmcommError(_NESTED_CLOSE)
         if claim == SHM_CLAIM_NONE:
             with nogil:
                 claim = self._drive(NULL, -1.0)
@@ -1005,6 +1007,24 @@ cdef class Communicator:
     def is_aborted(self):
         return self.hdr != NULL and capi.shm_load_acquire(&self.hdr.abort_flag) != 0
 
+    def refuse_inside_own_operation(self):
+        """ShmcommError when this thread is running one of the group's own operations (a
+        callback, a torch composite): closing there would stop the thread under itself. Checked
+        before anything is closed, so the group stays whole.
+
+        Example::
+
+            comm.refuse_inside_own_operation()   # before a close
+        """
+        cdef int claim
+        if self.closed or not self.engine_ready or getpid() != self.owner_pid:
+            return
+        claim = capi.shm_engine_claim_inline(&self.engine)
+        if claim != SHM_CLAIM_NONE:  # NONE: another thread holds it, nothing was taken
+            capi.shm_engine_release(&self.engine, claim, 0)
+        if claim == SHM_CLAIM_NESTED:
+            raise ShmcommError(_NESTED_CLOSE)
+
     def close(self):
         """Leave the group: queued ops run to their end first (each bounded by the group's
         timeout); peers still waiting on this rank get PeerFailureError. In a forked child this
@@ -1014,6 +1034,7 @@ cdef class Communicator:
         if getpid() != self.owner_pid:
             self.closed = True
             return
+        self.refuse_inside_own_operation()
         try:
             self.drain()
         finally:

@@ -46,6 +46,31 @@ def rank_arg(value, str argname):
     return _as_index(value, argname)
 
 
+def rows_to_elements(array, splits, str argname):
+    """Split sizes along the first axis (torch's meaning) as element counts of the flattened
+    array: each times the elements of one row. None, and 1-D arrays, stay as they are.
+
+    Example::
+
+        >>> rows_to_elements(np.zeros((4, 3)), [1, 3], "input_split_sizes")
+        [3, 9]
+    """
+    if splits is None:
+        return None
+    shape = getattr(array, "shape", None)
+    if shape is None or len(shape) < 2:
+        return splits
+    row = 1
+    for extent in shape[1:]:
+        row *= extent
+    try:
+        return [_as_index(x, f"{argname}[i]") * row for x in splits]
+    except TypeError as exc:
+        if "[i]" in str(exc):
+            raise
+        raise TypeError(f"{argname} must be a sequence of ints, got {type(splits).__name__}") from None
+
+
 def source_arg(src):
     """A receive's ``src`` as the p2p engine takes it: None (any rank) is -1; a negative rank is
     refused (it is not another spelling of "any").
@@ -167,7 +192,10 @@ cdef class GroupCore:
     cpdef all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None,
                           bint async_op=False):
         """``shmcomm.all_to_all_single`` on this group (full text: shmcomm.collectives copies it here)."""
-        return self._comm.all_to_all_single(output, input, output_split_sizes, input_split_sizes, async_op)
+        return self._comm.all_to_all_single(output, input,
+                                            rows_to_elements(output, output_split_sizes, "output_split_sizes"),
+                                            rows_to_elements(input, input_split_sizes, "input_split_sizes"),
+                                            async_op)
 
     cpdef all_gather_v(self, output, array, counts, displs=None, bint async_op=False):
         """``shmcomm.all_gather_v`` on this group (full text: shmcomm.collectives copies it here)."""
@@ -634,16 +662,16 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
 
     Piece q of ``input`` goes to rank q; piece q of ``output`` receives rank q's piece for this
     rank. Without split sizes every piece is ``1/world_size`` of the array; with them,
-    ``input_split_sizes[q]`` and ``output_split_sizes[q]`` count the elements of piece q (of
-    the flattened array, whatever its shape).
+    ``input_split_sizes[q]`` and ``output_split_sizes[q]`` count the rows of piece q along the
+    first axis (elements, for a 1-D array), as in torch.
 
     Args:
         output (ndarray | Tensor | buffer): writable C-contiguous array of ``input``'s dtype.
         input (ndarray | Tensor | buffer): C-contiguous array (any dtype of ``all_reduce``).
-        output_split_sizes (Sequence[int] | None): ``world_size`` element counts summing to
-            ``output``'s size; None (the default): equal pieces.
-        input_split_sizes (Sequence[int] | None): ``world_size`` element counts summing to
-            ``input``'s size; None (the default): equal pieces.
+        output_split_sizes (Sequence[int] | None): ``world_size`` row counts (first axis)
+            summing to ``output``'s length; None (the default): equal pieces.
+        input_split_sizes (Sequence[int] | None): ``world_size`` row counts (first axis)
+            summing to ``input``'s length; None (the default): equal pieces.
         group (ProcessGroup | None): the group; default None, the default group
             (``ValueError`` if shmcomm is not initialized; ``TypeError`` if not a
             ProcessGroup).

@@ -488,3 +488,23 @@ STREAM = {"SHMCOMM_STREAM_BYTES": 1 << 20}  # the default is half the last-level
 def test_large_outputs_into_unaligned_views(world, env):
     """Single copy (default) and the slot pipeline (CMA off) both stream large results."""
     assert all(run_ranks(_large_outputs, world, timeout=170, env=env))
+
+
+def _all_to_all_single_rows(rank, size):
+    """Split sizes count rows along the first axis, as torch's do (elements for 1-D arrays)."""
+    in_rows = [rank + q + 1 for q in range(size)]          # rank r sends r + q + 1 rows to q
+    out_rows = [q + rank + 1 for q in range(size)]
+    inp = np.concatenate([np.full((k, 3), rank * 10 + q, np.int32) for q, k in enumerate(in_rows)])
+    out = np.empty((sum(out_rows), 3), np.int32)
+    sc.all_to_all_single(out, inp, out_rows, in_rows)
+    expected = np.concatenate([np.full((k, 3), q * 10 + rank, np.int32) for q, k in enumerate(out_rows)])
+    np.testing.assert_array_equal(out, expected)
+    with pytest.raises(TypeError, match=r"input_split_sizes\[i\] must be an int"):
+        sc.all_to_all_single(out, inp, out_rows, ["a"] * size)
+    return True
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world", [1, 3])
+def test_all_to_all_single_splits_count_rows(world):
+    assert all(run_ranks(_all_to_all_single_rows, world))

@@ -278,3 +278,21 @@ def _interrupted(rank, size):
 def test_ctrl_c_interrupts_a_blocked_wait():
     elapsed, _ = run_ranks(_interrupted, 2)
     assert elapsed < 1.5
+
+
+def _destroy_inside_own_operation(rank, size):
+    """A group destroyed from inside one of its own operations refuses, and stays whole."""
+    from shmcomm.group import default_group
+
+    pg = default_group()
+    with pytest.raises(sc.ShmcommError, match="cannot be destroyed from inside one of its own"):
+        pg._comm.submit(pg.destroy, (), [], False)
+    x = np.ones(3)
+    sc.all_reduce(x)  # still a working group on every rank
+    assert (x == size).all()
+    return True
+
+
+@pytest.mark.timeout(60)
+def test_destroy_inside_own_operation_leaves_the_group_whole():
+    assert all(run_ranks(_destroy_inside_own_operation, 2))

@@ -81,6 +81,10 @@ def sc_error():
     raise sc.PeerFailureError("fake", 5, 123)
 
 
+def exits():
+    raise SystemExit(4)
+
+
 def return_lock():
     return threading.Lock()   # not picklable: the caller gets the pickling error
 
@@ -288,6 +292,14 @@ def _errors(rank, size):
         rpc.rpc_sync("worker1", return_lock)
     with pytest.raises(TypeError, match="(?i)pickle.*lock"):
         rpc.rpc_sync("worker1", echo, args=(threading.Lock(),))
+    # a callee's SystemExit must not end the caller, nor leave a Future pending forever
+    with pytest.raises(Exception, match="SystemExit") as info:
+        rpc.rpc_sync("worker1", exits)
+    assert not isinstance(info.value, SystemExit)
+    with pytest.raises(sc.ShmcommError, match="raised SystemExit: 4"):
+        rpc.rpc_async("worker2", exits).wait(timeout=20)
+    with pytest.raises(sc.ShmcommError, match="raised SystemExit: 4"):
+        rpc.remote("worker2", exits).to_here(timeout=20)
     # the workers still serve after all that
     assert rpc.rpc_sync("worker1", operator.add, args=(1, 1)) == 2
     rref = rpc.remote("worker2", boom, args=("remote",))

@@ -41,7 +41,7 @@ from typing import NamedTuple
 import numpy as np
 
 from shmcomm import _core, objects
-from shmcomm.errors import CommTimeoutError, PeerFailureError, ShmcommError
+from shmcomm.errors import CommTimeoutError, PeerFailureError, ShmcommError, future_error
 from shmcomm.rpc.functions import is_async_execution
 from shmcomm.rpc.serialization import (dumps_call, dumps_value, loads_call, loads_value,
                                        pack_exception, unpack_exception)
@@ -106,6 +106,8 @@ class _Call:
         self.done = False
 
     def finish(self, value, error) -> None:
+        if error is not None:  # a callee's SystemExit must not end the caller
+            error = future_error(error)
         if self.future is not None:
             if error is None:
                 self.future.set_result(value)

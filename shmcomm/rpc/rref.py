@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from shmcomm import _core
+from shmcomm.errors import future_error
 from shmcomm.rpc.functions import async_execution, is_async_execution
 
 if TYPE_CHECKING:
@@ -315,7 +316,7 @@ def _chain(source, target) -> None:
         try:
             value = f.value()
         except BaseException as exc:  # noqa: BLE001
-            target.set_exception(exc)
+            target.set_exception(future_error(exc))
         else:
             target.set_result(value)
 
@@ -330,7 +331,7 @@ def _run_into(target, func, args, kwargs) -> None:
             _chain(result, target)
             return
     except BaseException as exc:  # noqa: BLE001
-        target.set_exception(exc)
+        target.set_exception(future_error(exc))
         return
     target.set_result(result)
 
@@ -419,9 +420,7 @@ def _owner_call(rref: RRef, name: str, args: tuple, kwargs: dict):
         try:
             method = getattr(f.value(), name)
         except BaseException as exc:  # noqa: BLE001 - no such value or attribute
-            # set_exception takes an Exception only: a KeyboardInterrupt or SystemExit here makes
-            # it raise TypeError and leaves ``out`` pending
-            out.set_exception(exc)  # type: ignore[arg-type]
+            out.set_exception(future_error(exc))
             return
         _run_into(out, method, args, kwargs)
 
