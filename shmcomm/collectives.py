@@ -357,27 +357,10 @@ def zeros(shape: int | Sequence[int], dtype: DTypeLike = float,
           group: ProcessGroup | None = None) -> np.ndarray[Any, np.dtype[Any]]:
     """``empty``, filled with zeros: a new array in the group's shared memory (collective).
 
-    Args:
-        shape (int | Sequence[int]): the array's shape. Same on every rank.
-        dtype (numpy dtype-like): the array's dtype; default ``float`` (float64). Same on
-            every rank.
-        group (ProcessGroup | None): the group; default None, the default group
-            (``ValueError`` if shmcomm is not initialized; ``TypeError`` if not a
-            ProcessGroup).
+    Arguments and errors are those of :func:`empty`.
 
     Returns:
         numpy.ndarray: C-contiguous, writable, of ``shape`` and ``dtype``, all zeros.
-
-    Raises:
-        TypeError: ``dtype`` is not a numpy dtype.
-        ValueError: ``shape`` has a negative dimension; the group was destroyed.
-        CollectiveMismatchError: the ranks asked for different sizes, or called different
-            collectives (raised on every rank).
-        ShmcommError: rank 0 could not create the segment (``/dev/shm`` full).
-        UntrustedFileError: the segment was replaced by a file that is not this job's.
-        CommTimeoutError: not every rank arrived within the group's timeout.
-        PeerFailureError: a rank of the group died or left it.
-        AbortedError: the group was aborted.
 
     Example::
 

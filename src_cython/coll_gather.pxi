@@ -37,7 +37,7 @@ cdef object _prep_gather(Communicator c, op_t *o, object output_list, object arr
                         b.dtype, argname, True, o.outs, o.out_bytes)
     owners.append(owner)
     if root < 0 and not _all_equal(o.out_bytes, c.size):  # every rank sees the same list sizes
-        _prep_all_gather_list_v(c, o, &b, None)
+        _set_all_gather_list_v(c, o, &b)
         return owners
     _check_like(c, o.out_bytes, &b, argname, "shmcomm.gather_v" if root >= 0 else None)
     return owners

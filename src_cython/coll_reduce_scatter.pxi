@@ -19,7 +19,7 @@ cdef object _prep_reduce_scatter(Communicator c, op_t *o, object output, list in
     if _all_equal(o.in_bytes, c.size) and o.in_bytes[0] == b.nbytes:
         _set_reduce_scatter(o, &b, op, factor)
     else:  # torch's uneven form: input_list[q] sized like rank q's output
-        _prep_reduce_scatter_list_v(c, o, &b, op, factor)
+        _set_reduce_scatter_list_v(c, o, &b, op, factor)
     return (out_owner, owners)
 
 

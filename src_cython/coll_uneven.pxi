@@ -175,13 +175,13 @@ cdef void _nothing_moves(Communicator c, char **table, size_t *sizes, char *at) 
 
 
 # ---- torch's list forms with pieces of different sizes ---------------------------------------
-cdef object _prep_all_gather_list_v(Communicator c, op_t *o, buf_t *b, object owner):
+cdef int _set_all_gather_list_v(Communicator c, op_t *o, buf_t *b) except -1:
     """all_gather whose output_list (already in o.outs/o.out_bytes) is uneven."""
     _check_own(b, o.out_bytes[c.rank], f"output_list[{c.rank}]")
     _send_everywhere(c, o, b)
     _set_uneven(o, K_ALL_GATHER_V, b, 0)
     o.overlap = _any_overlap(c, o)
-    return owner
+    return 0
 
 
 # ---- MPI's v forms: one flat array with counts (and displacements) ---------------------------
@@ -262,11 +262,10 @@ cdef object _prep_reduce_scatter_v(Communicator c, op_t *o, object output, objec
     return (out_owner, in_owner)
 
 
-cdef object _prep_reduce_scatter_list_v(Communicator c, op_t *o, buf_t *b, int op, double factor):
+cdef int _set_reduce_scatter_list_v(Communicator c, op_t *o, buf_t *b, int op, double factor) except -1:
     """reduce_scatter whose input_list (already in o.ins/o.in_bytes) is uneven."""
     _check_own(b, o.in_bytes[c.rank], f"input_list[{c.rank}]")
-    _set_reduce_scatter_v(c, o, b, op, factor)
-    return None
+    return _set_reduce_scatter_v(c, o, b, op, factor)
 
 
 cdef int _set_reduce_scatter_v(Communicator c, op_t *o, buf_t *out, int op, double factor) except -1:
