@@ -21,12 +21,26 @@ from __future__ import annotations
 
 import datetime
 
-__all__ = ["GlooLink", "connect_gloo"]
+__all__ = ["BUSY_THREADS", "GlooLink", "connect_gloo"]
+
+# Threads of a rank that a busy link keeps on a core: gloo's transport loop and its work thread
+# (the rank's own thread waits). A node group counts them when deciding whether waiting may spin.
+BUSY_THREADS = 2
+
+# A link's largest receive buffer kept between calls (GlooLink._scratch); larger ones
+# are allocated per call. Fresh pages cost the kernel a zeroing fault each: 16 MiB measured
+# about 1 ms.
+SCRATCH_BYTES = 64 << 20
 
 # all_reduce of at most this many bytes: all-gather and reduce here. gloo's ring sends several
 # small messages per peer, one after another, and over TCP that measured 0.3-7 ms for 1 KiB on
 # loopback where one all-gather took 0.2 ms.
 GATHER_BYTES = 64 << 10
+
+
+# The tag of a 2-rank link's swaps (GlooLink._swap). A rail carries no other point-to-point traffic
+# (sends between ranks go over the world link), so messages match in issue order.
+_SWAP_TAG = 0x5C
 
 
 def _gloo_ops():
@@ -56,19 +70,31 @@ def _native_reductions():
     return pairs
 
 
+def _reduce_in_order(out, mine, theirs, rank: int, op: int) -> None:
+    """``out`` = op(link rank 0's values, link rank 1's): the same order, so the same bits, on
+    both ranks of a two-rank link."""
+    from shmcomm._core import reduce_kernel
+
+    reduce_kernel(out, [mine, theirs] if rank == 0 else [theirs, mine], op)
+
+
 def _bytes(t):
     """``t``'s memory as uint8 (gloo moves every dtype this way, whatever kernels it has)."""
     import torch
 
+    if not t.numel():  # an empty tensor may have any strides, which view() refuses
+        return torch.empty(0, dtype=torch.uint8)
     return t.view(torch.uint8)
 
 
 class GlooLink:
     """One inter-node communicator: a torch ``ProcessGroupGloo`` over ``size`` ranks.
 
-    Data moves as bytes, so every dtype crosses; reductions gloo has no kernel for (int16,
-    unsigned wide types, bool, complex products...) all-gather the values and reduce them with
-    shmcomm's own kernel in link-rank order, so every rank still gets the same bits.
+    Data moves as bytes, so every dtype crosses. A two-rank link reduces by swapping values
+    with its peer and running shmcomm's kernel; larger links use gloo's reductions, except those
+    gloo has no kernel for (int16, unsigned wide types, bool, complex products...), which
+    all-gather the values and reduce them with shmcomm's kernel. Either way in link-rank order,
+    so every rank gets the same bits.
 
     Example::
 
@@ -83,6 +109,7 @@ class GlooLink:
         self._ops = _gloo_ops()
         self._native = _native_reductions()
         self.rank, self.size = rank, size
+        self._spare = None  # _scratch's buffer
         self._pg = dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, size,
                                          datetime.timedelta(seconds=timeout))
 
@@ -94,11 +121,43 @@ class GlooLink:
 
     def all_reduce(self, t, op: int) -> None:
         """Reduce ``t`` in place over the link's ranks."""
+        if not t.numel():
+            return
+        if self.size == 2:
+            theirs = self._swap(t, self._scratch(t))
+            return _reduce_in_order(t, t, theirs, self.rank, op)
         if (t.dtype, op) not in self._native or t.numel() * t.element_size() <= GATHER_BYTES:
             return self._reduce_gathered(t, t, op)
         opts = self._dist.AllreduceOptions()
         opts.reduceOp = self._op(op)
         self._pg.allreduce([t], opts).wait()
+
+    def _swap(self, mine, theirs):
+        """Two ranks: send ``mine`` to the other rank while receiving its counterpart into
+        ``theirs`` (returned).
+
+        Two-rank links (the rails of a two-node job) reduce this way: the same bytes cross as in
+        gloo's ring (reduce-scatter, then all-gather), but in one round trip instead of two
+        dependent ones, and shmcomm's kernel reduces. On 2 simulated nodes x 2 ranks a 32 MiB
+        all_reduce went from 0.60-0.65x plain gloo's time to 0.54-0.59x, 8 B from 0.56 to 0.37 ms.
+        """
+        peer = 1 - self.rank
+        receiving = self._pg.recv([_bytes(theirs)], peer, _SWAP_TAG)
+        sending = self._pg.send([_bytes(mine)], peer, _SWAP_TAG)
+        receiving.wait()
+        sending.wait()
+        return theirs
+
+    def _scratch(self, t):
+        """An uninitialised tensor shaped and typed like the 1-D ``t``, reused between calls."""
+        import torch
+
+        nbytes = t.numel() * t.element_size()
+        if nbytes > SCRATCH_BYTES:
+            return torch.empty_like(t)
+        if self._spare is None or self._spare.numel() < nbytes:
+            self._spare = torch.empty(nbytes, dtype=torch.uint8)
+        return self._spare[:nbytes].view(t.dtype)
 
     def _reduce_gathered(self, out, t, op: int, piece: int | None = None) -> None:
         """``out`` = op over every rank's ``t`` (or over its piece ``piece``), by shmcomm's kernel."""
@@ -124,6 +183,12 @@ class GlooLink:
 
     def reduce_scatter_into(self, out, t, op: int) -> None:
         """``out`` on link rank r = reduction of piece r of every rank's ``t``."""
+        if not out.numel():
+            return
+        if self.size == 2:
+            n, peer = out.numel(), 1 - self.rank
+            theirs = self._swap(t[peer * n:(peer + 1) * n], self._scratch(out))
+            return _reduce_in_order(out, t[self.rank * n:(self.rank + 1) * n], theirs, self.rank, op)
         if (t.dtype, op) not in self._native:
             return self._reduce_gathered(out, t, op, piece=self.rank)
         opts = self._dist.ReduceScatterOptions()

@@ -132,7 +132,8 @@ cdef class Communicator:
         self.engine_ready = False
         self.op_name = b"init"
 
-    def __init__(self, str job, str part, int rank, int size, double timeout, secret=None):
+    def __init__(self, str job, str part, int rank, int size, double timeout, secret=None,
+                 int threads_per_rank=1):
         if size < 1:
             raise ValueError(f"world_size must be >= 1, got {size}")
         if not 0 <= rank < size:
@@ -146,7 +147,7 @@ cdef class Communicator:
         self.owner_pid = getpid()
         from shmcomm.trust import credentials
         self.creds = credentials(secret)
-        settings = group_settings(size)
+        settings = group_settings(size, threads_per_rank)
         self.small_bytes = settings["small_bytes"]
         self.stream_bytes = settings["stream_bytes"]
         self.spin_ns = self.spin_max_ns = settings["spin_us"] * 1000

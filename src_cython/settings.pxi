@@ -49,8 +49,12 @@ def _last_level_cache_bytes():
     return _llc_bytes
 
 
-def group_settings(int size):
+def group_settings(int size, int threads_per_rank=1):
     """The tuning of a group of ``size`` ranks: each SHMCOMM_* variable, else its default.
+
+    ``threads_per_rank``: the threads each rank keeps busy while its peers wait for it (2 or
+    more where every rank also drives another engine, as a node group of a multi-node job does
+    with gloo's transport and work threads); waiting spins only when all of them fit the cores.
 
     Example::
 
@@ -59,7 +63,7 @@ def group_settings(int size):
     """
     choose_simd_level()
     usable = len(os.sched_getaffinity(0))
-    fits = size <= usable
+    fits = size * max(1, threads_per_rank) <= usable
     return {
         # Messages up to this size go one-shot through the slots.
         "small_bytes": _env_bytes("SHMCOMM_SMALL_BYTES", 16384, 0),
