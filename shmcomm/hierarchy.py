@@ -37,6 +37,7 @@ from shmcomm.errors import ShmcommError
 from shmcomm.group import ProcessGroup
 from shmcomm.group import _alive as group_registry
 from shmcomm.ops import ReduceOp, op_code
+from shmcomm.scratch import Scratch
 
 __all__ = ["Topology", "HierarchicalComm", "HierarchicalGroup", "host_identity", "exchange_hosts",
            "init_multinode"]
@@ -228,14 +229,12 @@ class HierarchicalComm:
         # rail partner (M >= 2); one node is a plain shared-memory group
         self._L, self._M = len(topology.nodes[self._node]), len(topology.nodes)
         self._flat = not topology.even  # no rail layout: everything over the world link
-        if topology.even:
-            import torch
-
-            # node_major[g] = where rank g's piece sits in a node buffer ordered (local, node);
-            # by_rail lists the ranks in that order
-            self._node_major = torch.tensor([topology.local_of[g] * self._M + topology.node_of[g]
-                                             for g in range(self.size)])
-            self._by_rail = torch.tensor([g for rail in topology.rails for g in rail])
+        # first_of[n]: node n's lowest rank when its ranks are consecutive (torchrun and shmrun
+        # number them so), else None. A node's pieces of a rank-ordered buffer are then one
+        # slice, which the node's collectives read or write in place.
+        self._first_of = [node[0] if node == list(range(node[0], node[0] + len(node))) else None
+                          for node in topology.nodes]
+        self._scratch = Scratch()  # the stage between the node and the rails
 
     def close(self, graceful: bool = True) -> None:
         """Shut the links between nodes down, after a barrier over them when ``graceful``."""
@@ -248,6 +247,7 @@ class HierarchicalComm:
         finally:
             for link in links:
                 link.close()
+            self._scratch.release()
 
     def _run(self, fn, args: tuple, outputs: list, async_op: bool):
         return self._local.submit(fn, args, outputs, async_op)
@@ -281,15 +281,19 @@ class HierarchicalComm:
 
     def _all_reduce_by_shards(self, t, local: int, cross: int, factor: float) -> None:
         """Reduce-scatter inside the node, each shard along its rail, all-gather inside."""
-        n, L = t.numel(), self._L
-        piece = -(-n // L)
-        buf = t if n == piece * L else _padded(t, piece * L)
-        shard = buf[self._l * piece:(self._l + 1) * piece]
-        self._local.reduce_scatter_into(shard, buf, local, False, factor)
-        self._rail.all_reduce(shard, cross)
-        self._local.all_gather_into(buf, shard)
-        if buf is not t:
-            t.copy_(buf[:n])
+        n, L, l = t.numel(), self._L, self._l
+        if n % L == 0:
+            shard = t[l * (n // L):(l + 1) * (n // L)]
+            self._local.reduce_scatter_into(shard, t, local, False, factor)
+            self._rail.all_reduce(shard, cross)
+            self._local.all_gather_into(t, shard)
+        else:  # the first n % L local ranks' shards hold one more element (as on every node)
+            counts = [n // L + (q < n % L) for q in range(L)]
+            start = sum(counts[:l])
+            shard = t[start:start + counts[l]]
+            self._local.reduce_scatter_v(shard, t, counts, local, False, factor)
+            self._rail.all_reduce(shard, cross)
+            self._local.all_gather_v(t, shard, counts)
 
     def reduce(self, array, dst: int, op: int = _SUM, async_op: bool = False, factor: float = 1.0):
         """Reduce into ``array`` of rank ``dst``; other ranks' arrays are unchanged."""
@@ -337,18 +341,21 @@ class HierarchicalComm:
         self._world.all_to_all_single(out, inp, out_splits, in_splits)
 
     def _reduce_scatter(self, out, inp, op: int, factor: float) -> None:
-        import torch
-
         cross = _SUM if op in (_AVG, _PREMUL) else op
         if self._flat:
             if op == _PREMUL:
                 inp = inp * factor
             self._world.reduce_scatter_into(out, inp, cross)
         else:
+            # node n's reduce-scatter over its ranks' pieces leaves this rank (local index l) the
+            # node's sum of rank (n, l)'s piece: mid holds them for every n, and the rail
+            # reduce-scatters mid so that rank (n, l) gets its own
             piece = out.numel()
-            blocks = torch.index_select(inp.view(self.size, piece), 0, self._by_rail).view(-1)
-            mid = torch.empty(self._M * piece, dtype=out.dtype)
-            self._local.reduce_scatter_into(mid, blocks, _SUM if op == _AVG else op, False, factor)
+            mid = self._scratch.take(self._M * piece, out.dtype)
+            for n in range(self._M):
+                pieces = self._node_pieces(inp, n, piece)
+                self._local.reduce_scatter_into(mid[n * piece:(n + 1) * piece], pieces,
+                                                _SUM if op == _AVG else op, False, factor)
             self._rail.reduce_scatter_into(out, mid, cross)
         if op == _AVG:
             _divide(out, self.size)
@@ -422,13 +429,28 @@ class HierarchicalComm:
 
         if self._flat:
             return self._world.all_gather_into(out, t)
+        # along the rail, rank (n, l) gets every node's local-index-l piece; node n's gather of
+        # those then fills node n's pieces of ``out``
         piece = t.numel()
-        along_rail = torch.empty(self._M * piece, dtype=t.dtype)
+        along_rail = self._scratch.take(self._M * piece, t.dtype)
         self._rail.all_gather_into(along_rail, t)
-        node = torch.empty(self._L * self._M * piece, dtype=t.dtype)
-        self._local.all_gather_into(node, along_rail)
-        torch.index_select(node.view(self._L * self._M, piece), 0, self._node_major,
-                           out=out.view(self.size, piece))
+        for n in range(self._M):
+            mine = t if n == self._node else along_rail[n * piece:(n + 1) * piece]
+            first = self._first_of[n]
+            if first is not None:
+                self._local.all_gather_into(out[first * piece:(first + self._L) * piece], mine)
+            else:
+                pieces = torch.empty(self._L * piece, dtype=t.dtype)
+                self._local.all_gather_into(pieces, mine)
+                out.view(self.size, piece)[self.topology.nodes[n]] = pieces.view(self._L, piece)
+
+    def _node_pieces(self, t, n: int, piece: int):
+        """Node n's ranks' pieces of the rank-ordered ``t``, in local order: a slice, or a copy
+        when those ranks are not consecutive."""
+        first = self._first_of[n]
+        if first is not None:
+            return t[first * piece:(first + self._L) * piece]
+        return t.view(self.size, piece)[self.topology.nodes[n]].view(-1)
 
     def gather(self, array, gather_list, dst: int, async_op: bool = False):
         """``gather_list[q]`` on rank ``dst`` = rank q's ``array``."""
@@ -493,14 +515,6 @@ class HierarchicalComm:
             _check_rank(src, self.size, "src")
         t = _tensor(array)
         return _LinkWork(self._world.irecv(t, src, tag), [array])
-
-
-def _padded(t, count: int):
-    import torch
-
-    buf = torch.zeros(count, dtype=t.dtype)
-    buf[:t.numel()] = t
-    return buf
 
 
 def _check_rank(rank, size: int, argname: str) -> None:

@@ -1,0 +1,49 @@
+"""A reusable buffer for the intermediate results of operations across nodes.
+
+A hierarchical collective passes data between its stages (inside the node, along the rails) in
+buffers only it sees. Fresh tensors cost the kernel a zeroing page fault per 4 KiB page (16 MiB
+measured about 1 ms, a tenth of a 32 MiB all_reduce on 2 x 2 simulated nodes), so each user keeps
+one buffer and reuses it: operations of a group run one after another, so one at a time holds it.
+
+    scratch = Scratch()
+    mid = scratch.take(1024, torch.float32)   # uninitialised; valid until the next take()
+"""
+
+from __future__ import annotations
+
+__all__ = ["Scratch", "SCRATCH_BYTES"]
+
+# The largest buffer kept between operations; larger requests are allocated each time.
+SCRATCH_BYTES = 64 << 20
+
+
+class Scratch:
+    """One uninitialised buffer, grown on demand up to ``limit`` bytes and kept.
+
+    Example::
+
+        >>> import torch
+        >>> s = Scratch()
+        >>> s.take(3, torch.float64).shape
+        torch.Size([3])
+    """
+
+    def __init__(self, limit: int = SCRATCH_BYTES):
+        self._limit = limit
+        self._buffer = None
+
+    def take(self, numel: int, dtype):
+        """A 1-D tensor of ``numel`` elements of ``dtype``: this object's buffer (its contents
+        undefined, and overwritten by the next ``take``) or, past the limit, a new one."""
+        import torch
+
+        nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+        if nbytes > self._limit:
+            return torch.empty(numel, dtype=dtype)
+        if self._buffer is None or self._buffer.numel() < nbytes:
+            self._buffer = torch.empty(nbytes, dtype=torch.uint8)
+        return self._buffer[:nbytes].view(dtype)
+
+    def release(self) -> None:
+        """Drop the kept buffer (a group being destroyed)."""
+        self._buffer = None

@@ -1,0 +1,98 @@
+"""The hierarchy's composition (shmcomm.hierarchy.HierarchicalComm) on one machine: four plain
+processes told they sit on two "nodes", each node a real shared-memory group and the rails real
+gloo links, so every stage runs as across machines (tests/test_multinode.py runs the real thing
+in namespaces). Both rank layouts: nodes of consecutive ranks (as torchrun numbers them: the
+collectives work on slices in place) and interleaved ones (the copying path)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness import run_ranks
+from reference import bits, make_input, reduce_reference
+
+torch = pytest.importorskip("torch")
+
+LAYOUTS = {"consecutive": ["a", "a", "b", "b"], "interleaved": ["a", "b", "a", "b"]}
+# Counts per rank's piece: one, odd, and large enough for the node's pipelined and single-copy
+# paths (the slot is 1 MiB) and the links' gloo paths.
+COUNTS = (1, 333, 300_000)
+# An all_reduce past the hierarchy's SMALL_BYTES (sharded over the node's ranks) whose count the
+# node's two ranks do not divide.
+ODD_LARGE = (4 << 20) // 4 + 1
+
+
+def _compose(rank, size, hosts, store_path, job):
+    import torch.distributed as dist
+
+    from shmcomm import _core
+    from shmcomm.hierarchy import HierarchicalComm, Topology
+    from shmcomm.internode import BUSY_THREADS, connect_gloo
+
+    topology = Topology(hosts)
+    node, local = topology.node_of[rank], topology.local_of[rank]
+    comm = _core.Communicator(f"{job}n{node}", "node", local, len(topology.nodes[node]), 30.0,
+                              threads_per_rank=1 + BUSY_THREADS)
+    rail, world = connect_gloo(dist.FileStore(store_path, size), rank, size, 30.0, topology.rails)
+    h = HierarchicalComm(topology, rank, comm, rail, world)
+    got = {}
+    try:
+        for count in COUNTS:
+            for op in ("SUM", "MAX", "AVG"):
+                t = make_input(np.dtype(np.float32), count * size, rank)
+                h.all_reduce(t, int(_core.OP_NAMES.index(op)))
+                got[("all_reduce", op, count)] = bits(t)
+                out = np.empty(count, np.float32)
+                h.reduce_scatter_into(out, make_input(np.dtype(np.float32), count * size, rank, salt=1),
+                                      int(_core.OP_NAMES.index(op)))
+                got[("reduce_scatter", op, count)] = bits(out)
+            whole = np.empty(count * size, np.int64)
+            h.all_gather_into(whole, make_input(np.dtype(np.int64), count, rank))
+            got[("all_gather", count)] = bits(whole)
+            b = make_input(np.dtype(np.int64), count, rank)
+            h.broadcast(b, size - 1)
+            got[("broadcast", count)] = bits(b)
+        odd = make_input(np.dtype(np.float32), ODD_LARGE, rank)  # node shards of different sizes
+        h.all_reduce(odd, 0)
+        got["odd"] = bits(odd)
+    finally:
+        h.close()
+        comm.close()
+    return got
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_composed_collectives_match_numpy_in_both_rank_layouts(layout, tmp_path):
+    size = 4
+    job = f"hier-{layout}-{tmp_path.name}"[:40]
+    results = run_ranks(_compose, size, LAYOUTS[layout], str(tmp_path / "store"), job, init=False,
+                        timeout=150)
+    f32, i64 = np.dtype(np.float32), np.dtype(np.int64)
+    from shmcomm.hierarchy import SMALL_BYTES
+
+    assert ODD_LARGE * 4 > SMALL_BYTES
+    odd = reduce_reference([make_input(f32, ODD_LARGE, r) for r in range(size)], "SUM")
+    for r in range(size):
+        assert results[r]["odd"] == results[0]["odd"]
+        np.testing.assert_allclose(np.frombuffer(results[r]["odd"], np.float32), odd, rtol=1e-5, atol=1e-5)
+    for count in COUNTS:
+        for op in ("SUM", "MAX", "AVG"):
+            inputs = [make_input(f32, count * size, r) for r in range(size)]
+            want = reduce_reference(inputs, op)
+            wholes = [make_input(f32, count * size, r, salt=1) for r in range(size)]
+            want_rs = reduce_reference(wholes, op)
+            for r in range(size):
+                got = np.frombuffer(results[r][("all_reduce", op, count)], np.float32)
+                assert results[r][("all_reduce", op, count)] == results[0][("all_reduce", op, count)]
+                # node sums then node order, not rank order: equal up to rounding
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"all_reduce {op}")
+                got = np.frombuffer(results[r][("reduce_scatter", op, count)], np.float32)
+                np.testing.assert_allclose(got, want_rs[r * count:(r + 1) * count], rtol=1e-5,
+                                           atol=1e-5, err_msg=f"reduce_scatter {op} rank {r}")
+        everyone = np.concatenate([make_input(i64, count, r) for r in range(size)])
+        last = make_input(i64, count, size - 1)
+        for r in range(size):
+            assert results[r][("all_gather", count)] == bits(everyone), f"all_gather {count} rank {r}"
+            assert results[r][("broadcast", count)] == bits(last), f"broadcast {count} rank {r}"
