@@ -8,12 +8,14 @@ per local index (the *rails*: rank l of every node), plus one over the whole gro
   all-gather inside the node. Up to ``SMALL_BYTES`` (4 MiB), where latency rules: reduce to
   each node's local rank 0, all_reduce along rail 0, broadcast inside the node. The reduction
   order is fixed: each node sums its ranks in local order, then the rails combine the node
-  results in gloo's order (below 64 KiB: all-gathered and summed in node order), the same on
-  every rank of a rail; so every rank gets the same bits. AVG is SUM then one division by the group size;
+  results in one order, the same on every rank of a rail (two nodes: swapped and summed in node
+  order by shmcomm's kernel; more: gloo's ring, or below 64 KiB all-gathered and summed in node
+  order); so every rank gets the same bits. AVG is SUM then one division by the group size;
   PREMUL_SUM scales inside the node and sums across. Half types round between the two stages.
-- reduce_scatter: the input's pieces regrouped by rail, reduce-scatter inside the node, then
-  reduce-scatter along the rail. all_gather: along the rail, then inside the node, then the
-  pieces put in group-rank order. broadcast: along the source's rail, then inside each node.
+- reduce_scatter: one reduce-scatter inside the node per node's block of pieces (this rank gets
+  the node's sum of the pieces its rail carries), then reduce-scatter along the rail. all_gather:
+  along the rail, then inside the node once per node's block, straight into the output.
+  broadcast: along the source's rail, then inside each node.
   reduce: an all_reduce of a copy, kept by the destination. barrier: node, rail 0, node.
 - all_to_all, gather, scatter and point to point: the inter-node engine over the whole group.
 
@@ -235,6 +237,9 @@ class HierarchicalComm:
         self._first_of = [node[0] if node == list(range(node[0], node[0] + len(node))) else None
                           for node in topology.nodes]
         self._scratch = Scratch()  # the stage between the node and the rails
+        # every node's ranks consecutive: the nodes' blocks of a rank-ordered buffer lie in node
+        # order, which is rail order, so a rail can gather or reduce-scatter whole blocks
+        self._consecutive = None not in self._first_of
 
     def close(self, graceful: bool = True) -> None:
         """Shut the links between nodes down, after a barrier over them when ``graceful``."""
@@ -346,6 +351,8 @@ class HierarchicalComm:
             if op == _PREMUL:
                 inp = inp * factor
             self._world.reduce_scatter_into(out, inp, cross)
+        elif inp.numel() * inp.element_size() <= SMALL_BYTES and self._consecutive:
+            self._reduce_scatter_by_leaders(out, inp, _SUM if op == _AVG else op, cross, factor)
         else:
             # node n's reduce-scatter over its ranks' pieces leaves this rank (local index l) the
             # node's sum of rank (n, l)'s piece: mid holds them for every n, and the rail
@@ -424,11 +431,37 @@ class HierarchicalComm:
                 displs, src, self.rank, self.size)
         return self._run(uneven.scatter_v, args, [output], async_op)
 
+    def _reduce_scatter_by_leaders(self, out, inp, local: int, cross: int, factor: float) -> None:
+        """Latency-bound sizes: one crossing, by each node's local rank 0 along rail 0 (as
+        ``_all_reduce_by_leaders``): the node's sum of the whole input to it, the rail's
+        reduce-scatter of node blocks, then the node's pieces scattered inside the node."""
+        import torch
+
+        whole = self._scratch.take(inp.numel(), inp.dtype)
+        whole.copy_(inp)  # the node reduce writes the leader's input
+        self._local.reduce(whole, 0, local, False, factor)
+        block = None
+        if self._l == 0:
+            block = torch.empty(self._L * out.numel(), dtype=out.dtype)
+            self._rail.reduce_scatter_into(block, whole, cross)
+        self._local.scatter(out, None if block is None else list(block.view(self._L, -1)), 0)
+
     def _all_gather_into(self, out, t) -> None:
         import torch
 
         if self._flat:
             return self._world.all_gather_into(out, t)
+        if out.numel() * out.element_size() <= SMALL_BYTES and self._consecutive:
+            # latency-bound sizes: gather inside the node, one crossing by the local ranks 0
+            # along rail 0 (the nodes' blocks, which lie in node order), broadcast inside
+            piece = t.numel()
+            first = self._first_of[self._node]
+            block = out[first * piece:(first + self._L) * piece]
+            self._local.all_gather_into(block, t)
+            if self._l == 0:
+                self._rail.all_gather_into(out, block.clone())
+            self._local.broadcast(out, 0, False)
+            return
         # along the rail, rank (n, l) gets every node's local-index-l piece; node n's gather of
         # those then fills node n's pieces of ``out``
         piece = t.numel()
