@@ -14,7 +14,9 @@ per local index (the *rails*: rank l of every node), plus one over the whole gro
   PREMUL_SUM scales inside the node and sums across. Half types round between the two stages.
 - reduce_scatter: one reduce-scatter inside the node per node's block of pieces (this rank gets
   the node's sum of the pieces its rail carries), then reduce-scatter along the rail. all_gather:
-  along the rail, then inside the node once per node's block, straight into the output.
+  along the rail, then inside the node once per node's block, straight into the output. Both,
+  up to ``SMALL_BYTES`` where every node's ranks are consecutive, cross once instead: through
+  each node's local rank 0 along rail 0, with whole node blocks.
   broadcast: along the source's rail, then inside each node.
   reduce: an all_reduce of a copy, kept by the destination. barrier: node, rail 0, node.
 - all_to_all, gather, scatter and point to point: the inter-node engine over the whole group.
