@@ -35,8 +35,8 @@ BUSY_THREADS = 2
 GATHER_BYTES = 64 << 10
 
 
-# The tag of a 2-rank link's swaps (GlooLink._swap). A rail carries no other point-to-point traffic
-# (sends between ranks go over the world link), so messages match in issue order.
+# The tag of a 2-rank link's swaps (GlooLink._swap). Only links that carry no users' messages
+# swap (not the world link), so swaps match each other in issue order.
 _SWAP_TAG = 0x5C
 
 
@@ -87,11 +87,12 @@ def _bytes(t):
 class GlooLink:
     """One inter-node communicator: a torch ``ProcessGroupGloo`` over ``size`` ranks.
 
-    Data moves as bytes, so every dtype crosses. A two-rank link reduces by swapping values
-    with its peer and running shmcomm's kernel; larger links use gloo's reductions, except those
-    gloo has no kernel for (int16, unsigned wide types, bool, complex products...), which
-    all-gather the values and reduce them with shmcomm's kernel. Either way in link-rank order,
-    so every rank gets the same bits.
+    Data moves as bytes, so every dtype crosses. A two-rank link that carries no users'
+    messages (``carries_p2p=False``: the rails) reduces and gathers by swapping values with its
+    peer and running shmcomm's kernel; other links use gloo's collectives, and reductions gloo
+    has no kernel for (int16, unsigned wide types, bool, complex products...) all-gather the
+    values and reduce them with shmcomm's kernel in link-rank order. Every rank gets the same
+    bits either way.
 
     Example::
 
@@ -99,13 +100,16 @@ class GlooLink:
         link.broadcast(t, root=0)
     """
 
-    def __init__(self, store, prefix: str, rank: int, size: int, timeout: float):
+    def __init__(self, store, prefix: str, rank: int, size: int, timeout: float,
+                 carries_p2p: bool = False):
         import torch.distributed as dist
 
         self._dist = dist
         self._ops = _gloo_ops()
         self._native = _native_reductions()
         self.rank, self.size = rank, size
+        # swaps are tagged point-to-point messages: only on a link no user message could match
+        self._swaps = size == 2 and not carries_p2p
         self._scratch = Scratch()  # what a swap receives
         self._pg = dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, size,
                                          datetime.timedelta(seconds=timeout))
@@ -120,7 +124,7 @@ class GlooLink:
         """Reduce ``t`` in place over the link's ranks."""
         if not t.numel():
             return
-        if self.size == 2:
+        if self._swaps:
             theirs = self._swap(t, self._scratch.take(t.numel(), t.dtype))
             return _reduce_in_order(t, t, theirs, self.rank, op)
         if (t.dtype, op) not in self._native or t.numel() * t.element_size() <= GATHER_BYTES:
@@ -133,10 +137,11 @@ class GlooLink:
         """Two ranks: send ``mine`` to the other rank while receiving its counterpart into
         ``theirs`` (returned).
 
-        Two-rank links (the rails of a two-node job) gather and reduce this way: the same bytes cross as in
-        gloo's ring (reduce-scatter, then all-gather), but in one round trip instead of two
-        dependent ones, and shmcomm's kernel reduces. On 2 simulated nodes x 2 ranks a 32 MiB
-        all_reduce went from 0.60-0.65x plain gloo's time to 0.54-0.59x, 8 B from 0.56 to 0.37 ms.
+        Two-rank links (the rails of a two-node job) gather and reduce this way: the same bytes
+        cross as in gloo's ring (reduce-scatter, then all-gather), but in one round trip instead
+        of two dependent ones, and shmcomm's kernel reduces. On 2 simulated nodes x 2 ranks, in
+        runs alternating with the ring, a 32 MiB all_reduce took 0.54-0.59x plain gloo's time
+        instead of 0.60-0.65x, and 8 B 0.37 ms instead of 0.56.
         """
         peer = 1 - self.rank
         receiving = self._pg.recv([_bytes(theirs)], peer, _SWAP_TAG)
@@ -165,7 +170,7 @@ class GlooLink:
 
     def all_gather_into(self, out, t) -> None:
         """``out`` = every rank's ``t``, in link-rank order."""
-        if self.size == 2 and t.numel():
+        if self._swaps and t.numel():
             n, peer = t.numel(), 1 - self.rank
             self._swap(t, out[peer * n:(peer + 1) * n])
             out[self.rank * n:(self.rank + 1) * n].copy_(t)
@@ -176,7 +181,7 @@ class GlooLink:
         """``out`` on link rank r = reduction of piece r of every rank's ``t``."""
         if not out.numel():
             return
-        if self.size == 2:
+        if self._swaps:
             n, peer = out.numel(), 1 - self.rank
             theirs = self._swap(t[peer * n:(peer + 1) * n], self._scratch.take(n, out.dtype))
             return _reduce_in_order(out, t[self.rank * n:(self.rank + 1) * n], theirs, self.rank, op)
@@ -244,5 +249,5 @@ def connect_gloo(store, rank: int, size: int, timeout: float, rails: list[list[i
         index = next(i for i, members in enumerate(rails) if rank in members)
         rail = GlooLink(store, f"{key}/rail{index}/", rails[index].index(rank), len(rails[index]),
                         timeout)
-    world = GlooLink(store, f"{key}/world/", rank, size, timeout)
+    world = GlooLink(store, f"{key}/world/", rank, size, timeout, carries_p2p=True)
     return rail, world

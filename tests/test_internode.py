@@ -1,6 +1,7 @@
 """The inter-node engine (shmcomm.internode) on its own: gloo links between plain processes of
 this machine, every dtype and op against numpy, on 2 ranks (the swap path a two-node job's
-rails take) and 3 (gloo's own reductions, or all-gather and shmcomm's kernel)."""
+rails take, and gloo's collectives, as on a world link) and 3 (gloo's own reductions, or
+all-gather and shmcomm's kernel)."""
 
 from __future__ import annotations
 
@@ -39,13 +40,13 @@ def _cases():
                 yield dtype, op
 
 
-def _reduce_every_way(rank, size, store_path):
+def _reduce_every_way(rank, size, store_path, carries_p2p):
     import torch.distributed as dist
 
     import shmcomm as sc
     from shmcomm.internode import GlooLink
 
-    link = GlooLink(dist.FileStore(store_path, size), "test/", rank, size, 30.0)
+    link = GlooLink(dist.FileStore(store_path, size), "test/", rank, size, 30.0, carries_p2p)
     results = {}
     try:
         for dtype, op in _cases():
@@ -64,9 +65,11 @@ def _reduce_every_way(rank, size, store_path):
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("size", [2, 3])
-def test_link_reductions_match_numpy_and_agree_on_every_rank(size, tmp_path):
-    results = run_ranks(_reduce_every_way, size, str(tmp_path / "store"), init=False, timeout=200)
+@pytest.mark.parametrize("size,carries_p2p", [(2, False), (2, True), (3, False)],
+                         ids=["2-swap", "2-gloo", "3-gloo"])
+def test_link_reductions_match_numpy_and_agree_on_every_rank(size, carries_p2p, tmp_path):
+    results = run_ranks(_reduce_every_way, size, str(tmp_path / "store"), carries_p2p, init=False,
+                        timeout=200)
     checked = 0
     for dtype, op in _cases():
         for count in COUNTS:
