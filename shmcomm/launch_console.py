@@ -12,12 +12,43 @@ from __future__ import annotations
 import collections
 import os
 import re
+import select
 import sys
 import time
 
 PROG = "shmrun"
-_HOLD_S = 0.1  # an unfinished line waits this long for its end before it is shown as it is
+# An unfinished line waits this long for its end before it is shown as it is: briefly on a
+# terminal, where a person waits for a prompt or a progress bar; longer into a pipe or a file,
+# read by programs and logs that want whole lines (a rank stalled mid-line for more than the hold
+# while others print has its line split in two; under load 0.1 s was seen to pass).
+_HOLD_S = 0.1
+_PIPE_HOLD_S = 1.0
 _MAX_LINE = 1 << 20  # an unfinished line longer than this is shown (and kept in the tail) at once
+
+
+def _write_all(stream, data: bytes) -> None:
+    """Write all of ``data`` to a binary stream.
+
+    Under PYTHONUNBUFFERED (set in many containers) ``sys.stdout.buffer`` is a raw file, whose
+    ``write`` may take only part of the data: when a signal (a rank's SIGCHLD, which the
+    supervisor handles) interrupts a write into a full pipe. What it did not take was lost:
+    a reader of ``shmrun ... | ...`` missed whole lines of output.
+    """
+    view = memoryview(data)
+    while view:
+        n = stream.write(view)
+        if n is None:  # a non-blocking file that is full: wait until it takes more
+            select.select([], [stream.fileno()], [])
+            continue
+        view = view[n:]
+
+
+def _hold_for(stream) -> float:
+    """How long an unfinished line for ``stream`` is held (``_HOLD_S`` on a terminal)."""
+    try:
+        return _HOLD_S if stream.isatty() else _PIPE_HOLD_S
+    except (ValueError, AttributeError):  # closed, or a notebook's stream
+        return _HOLD_S
 
 
 def _same_file(a, b) -> bool:
@@ -41,6 +72,7 @@ class _Console:
         self.broken = {1: False, 2: False}
         self.shared = _same_file(sys.stdout, sys.stderr)
         self.owner: dict[int, _Stream] = {}  # console line -> the stream that left it unfinished
+        self.hold = {1: _hold_for(sys.stdout), 2: _hold_for(sys.stderr)}
 
     def _line(self, fd: int) -> int:
         return 0 if self.shared else fd
@@ -71,7 +103,7 @@ class _Console:
         try:
             out.flush()
             if hasattr(out, "buffer"):
-                out.buffer.write(data)
+                _write_all(out.buffer, data)
                 out.buffer.flush()
             else:  # a text-only stream: a notebook's cell output (sc.spawn)
                 out.write(data.decode(errors="replace"))
@@ -109,9 +141,10 @@ class _Stream:
     stderr tail, and passes the output live to the console, prefixed at each line start.
 
     Complete lines are shown at once. An unfinished line (a prompt, ``\\r`` progress) is held up
-    to ``_HOLD_S`` for its end, so that a line read in two pieces is still shown whole, and is
-    then shown as it is; what follows it on the same line is shown at once while the console's
-    line is still this stream's. After a ``\\r`` the prefix is written again, so a progress bar
+    to the console's hold (``_HOLD_S`` on a terminal, ``_PIPE_HOLD_S`` else) for its end, so
+    that a line read in two pieces is still shown whole, and is then shown as it is; what
+    follows it on the same line is shown at once while the console's line is still this
+    stream's. After a ``\\r`` the prefix is written again, so a progress bar
     keeps its ``[rank]``.
     """
 
@@ -148,7 +181,7 @@ class _Stream:
 
     def due(self) -> float | None:
         """When the held unfinished line is to be shown; None when nothing is held."""
-        return self.held_since + _HOLD_S if self.held else None
+        return self.held_since + self.console.hold[self.fd] if self.held else None
 
     def flush(self) -> None:
         if self.held:

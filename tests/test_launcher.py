@@ -525,6 +525,60 @@ def touch(d: Path, name: str) -> None:
     (d / name).write_text("")
 
 
+def test_console_writes_everything_to_a_raw_stdout_that_takes_part_of_each_write(monkeypatch):
+    """Under PYTHONUNBUFFERED, stdout's binary layer is a raw file, whose write takes only part
+    of the data when a signal (a rank's SIGCHLD) interrupts it on a full pipe: the console must
+    write the rest (it dropped it, and `shmrun ... | ...` lost whole lines)."""
+    import io
+
+    from shmcomm.launch_console import _Console
+
+    class Stingy(io.RawIOBase):  # takes at most 1000 bytes per call, as an interrupted write
+        def __init__(self):
+            self.got = bytearray()
+
+        def writable(self):
+            return True
+
+        def write(self, b):
+            take = bytes(b[:1000])
+            self.got += take
+            return len(take)
+
+    raw = Stingy()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, write_through=True))
+    data = bytes(range(256)) * 100
+    _Console().write(1, data)
+    assert bytes(raw.got) == data
+
+
+def test_unfinished_lines_are_held_briefly_on_a_terminal_and_longer_into_a_pipe():
+    import pty
+
+    from shmcomm.launch_console import _HOLD_S, _PIPE_HOLD_S, _hold_for
+
+    master, replica = pty.openpty()
+    with os.fdopen(replica, "w") as terminal:
+        assert _hold_for(terminal) == _HOLD_S
+    os.close(master)
+    r, w = os.pipe()
+    with os.fdopen(w, "w") as pipe:
+        assert _hold_for(pipe) == _PIPE_HOLD_S
+    os.close(r)
+    assert _HOLD_S < _PIPE_HOLD_S
+
+
+@pytest.mark.timeout(30)
+def test_a_line_stalled_mid_way_stays_whole_in_a_pipe():
+    """A rank descheduled between two writes of one line while another rank prints: into a
+    pipe, the line still comes out whole (this split under load with the terminal's hold)."""
+    res = shmrun("-n", "2", "stall.py")
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = by_rank(res.stdout)
+    assert lines[0] == [b"first half, second half"], lines[0]
+    assert lines[1] == [b"tick %d" % i for i in range(60)]
+
+
 @pytest.mark.timeout(30)
 def test_unfinished_line_is_shown_live(tmp_path):
     """\\r progress without a newline reaches the console while the rank is still working."""
@@ -547,8 +601,8 @@ def test_unfinished_line_is_shown_live(tmp_path):
 
 @pytest.mark.timeout(30)
 def test_a_line_growing_faster_than_the_hold_is_still_shown_live(tmp_path):
-    """Dots 30 ms apart: the unfinished line is shown 0.1 s after its first piece, not held on
-    for as long as more pieces keep coming."""
+    """Dots 30 ms apart: the unfinished line is shown one hold (1 s into a pipe) after its first
+    piece, not held on for as long as more pieces keep coming."""
     with launcher(["-n", "1", "steps.py", str(tmp_path), "0/dots:go", "0/out:\\n"]) as proc:
         reader = Reader(proc)
         reader.until(b"[0] .")
