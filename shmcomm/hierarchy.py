@@ -418,8 +418,7 @@ class HierarchicalComm:
     def gather_v(self, array, output, counts, displs, dst: int, async_op: bool = False):
         """MPI's Gatherv on rank ``dst``."""
         _check_rank(dst, self.size, "dst")
-        if (self.rank == dst) != (output is not None):
-            raise ValueError("output is required on the dst rank and must be None elsewhere")
+        _check_root_only(output, self.rank == dst, "output", "dst")
         args = (self._exchange, _tensor(array), None if output is None else _tensor(output), counts,
                 displs, dst, self.rank, self.size)
         return self._run(uneven.gather_v, args, [output], async_op)
@@ -427,8 +426,7 @@ class HierarchicalComm:
     def scatter_v(self, output, input, counts, displs, src: int, async_op: bool = False):
         """MPI's Scatterv from rank ``src``."""
         _check_rank(src, self.size, "src")
-        if (self.rank == src) != (input is not None):
-            raise ValueError("input is required on the src rank and must be None elsewhere")
+        _check_root_only(input, self.rank == src, "input", "src")
         args = (self._exchange, _tensor(output), None if input is None else _tensor(input), counts,
                 displs, src, self.rank, self.size)
         return self._run(uneven.scatter_v, args, [output], async_op)
@@ -552,6 +550,12 @@ class HierarchicalComm:
         return _LinkWork(self._world.irecv(t, src, tag), [array])
 
 
+def _check_root_only(value, on_root: bool, argname: str, rootname: str) -> None:
+    """An argument the root alone passes (a gather's outputs, a scatter's inputs)."""
+    if on_root != (value is not None):
+        raise ValueError(f"{argname} is required on the {rootname} rank and must be None elsewhere")
+
+
 def _check_rank(rank, size: int, argname: str) -> None:
     """The checks every rank argument gets (TypeError for non-integers, as on one node)."""
     if not 0 <= _core.rank_arg(rank, argname) < size:
@@ -631,13 +635,11 @@ class HierarchicalGroup(ProcessGroup):
         return self.comm.all_gather_into(output, array, async_op)
 
     def gather(self, array, gather_list=None, dst=0, async_op=False):
-        if (self.rank == dst) != (gather_list is not None):
-            raise ValueError("gather_list is required on the dst rank and must be None elsewhere")
+        _check_root_only(gather_list, self.rank == dst, "gather_list", "dst")
         return self.comm.gather(array, gather_list, dst, async_op)
 
     def scatter(self, array, scatter_list=None, src=0, async_op=False):
-        if (self.rank == src) != (scatter_list is not None):
-            raise ValueError("scatter_list is required on the src rank and must be None elsewhere")
+        _check_root_only(scatter_list, self.rank == src, "scatter_list", "src")
         return self.comm.scatter(array, scatter_list, src, async_op)
 
     def reduce_scatter(self, output, input_list, op=ReduceOp.SUM, async_op=False):

@@ -37,7 +37,7 @@ class Scratch:
         undefined, and overwritten by the next ``take``) or, past the limit, a new one."""
         import torch
 
-        nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+        nbytes = numel * dtype.itemsize
         if nbytes > self._limit:
             return torch.empty(numel, dtype=dtype)
         if self._buffer is None or self._buffer.numel() < nbytes:

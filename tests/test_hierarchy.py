@@ -53,6 +53,11 @@ def _compose(rank, size, hosts, store_path, job):
             b = make_input(np.dtype(np.int64), count, rank)
             h.broadcast(b, size - 1)
             got[("broadcast", count)] = bits(b)
+        try:  # the root's argument given elsewhere, and missing on the root: refused at once
+            h.gather_v(np.ones(1), None if rank == size - 1 else np.empty(size), None, None,
+                       dst=size - 1)
+        except ValueError as e:
+            got["root_only"] = str(e)
         odd = make_input(np.dtype(np.float32), ODD_LARGE, rank)  # node shards of different sizes
         h.all_reduce(odd, 0)
         got["odd"] = bits(odd)
@@ -75,6 +80,7 @@ def test_composed_collectives_match_numpy_in_both_rank_layouts(layout, tmp_path)
     assert ODD_LARGE * 4 > SMALL_BYTES
     odd = reduce_reference([make_input(f32, ODD_LARGE, r) for r in range(size)], "SUM")
     for r in range(size):
+        assert results[r]["root_only"] == "output is required on the dst rank and must be None elsewhere"
         assert results[r]["odd"] == results[0]["odd"]
         np.testing.assert_allclose(np.frombuffer(results[r]["odd"], np.float32), odd, rtol=1e-5, atol=1e-5)
     for count in COUNTS:
