@@ -56,7 +56,15 @@ typedef void (*shm_kernel_t)(void *dst, const void *const *srcs, const double *f
 
 /* NAME: kernel; T: element type; ACC: accumulate type; LOAD/STORE convert between them;
  * OP: binary op on ACC; FINAL: applied once to the accumulated value (AVG divides by n);
- * SCALE: SHM_AS_IS, or SHM_TIMES (each source times its factor, rounded, before the op). */
+ * SCALE: SHM_AS_IS, or SHM_TIMES (each source times its factor, rounded, before the op).
+ *
+ * Per block, the first pass combines sources 0 and 1 and the last pass folds in source n-1 as it
+ * stores, so two sources take one pass and no accumulator (the case of every two-rank step). The
+ * operations and their order are those of acc = s0; acc = OP(acc, s_k) for k = 1..n-1; dst =
+ * FINAL(acc), so the bits are too. A source may be dst itself: each block of every source is read
+ * before that block of dst is written. Against one accumulator pass per source, 32 MiB float32
+ * arrays (bench/bench_kernels.py) took 1.97 ms instead of 3.91 for two sources and 3.94 instead
+ * of 7.90 for four. */
 #define SHM_KERNEL(NAME, T, ACC, LOAD, STORE, OP, FINAL, SCALE)                                   \
     static void NAME(void *dst_, const void *const *srcs, const double *factors, int n,           \
                      size_t count) {                                                              \
@@ -66,19 +74,33 @@ typedef void (*shm_kernel_t)(void *dst, const void *const *srcs, const double *f
         ACC acc[SHM_BLOCK];                                                                       \
         const ACC n_as_acc = (ACC)n;                                                              \
         (void)n_as_acc;                                                                           \
+        const ACC f0 = factors ? (ACC)factors[0] : (ACC)1;                                        \
+        const ACC f1 = factors && n > 1 ? (ACC)factors[1] : (ACC)1;                               \
+        const ACC fl = factors ? (ACC)factors[n - 1] : (ACC)1;                                    \
+        (void)f0, (void)f1, (void)fl;                                                             \
         for (size_t base = 0; base < count; base += SHM_BLOCK) {                                  \
             size_t m = count - base < SHM_BLOCK ? count - base : SHM_BLOCK;                       \
             const T *s0 = (const T *)srcs[0] + base;                                              \
-            const ACC f0 = factors ? (ACC)factors[0] : (ACC)1;                                    \
-            (void)f0;                                                                             \
-            for (size_t j = 0; j < m; j++) acc[j] = SCALE(LOAD(s0[j]), f0);                       \
-            for (int k = 1; k < n; k++) {                                                         \
+            T *d = dst + base;                                                                    \
+            if (n == 1) {                                                                         \
+                for (size_t j = 0; j < m; j++) d[j] = STORE(FINAL(SCALE(LOAD(s0[j]), f0)));       \
+                continue;                                                                         \
+            }                                                                                     \
+            const T *s1 = (const T *)srcs[1] + base;                                              \
+            if (n == 2) {                                                                         \
+                for (size_t j = 0; j < m; j++)                                                    \
+                    d[j] = STORE(FINAL(OP(SCALE(LOAD(s0[j]), f0), SCALE(LOAD(s1[j]), f1))));      \
+                continue;                                                                         \
+            }                                                                                     \
+            for (size_t j = 0; j < m; j++) acc[j] = OP(SCALE(LOAD(s0[j]), f0), SCALE(LOAD(s1[j]), f1)); \
+            for (int k = 2; k < n - 1; k++) {                                                     \
                 const T *s = (const T *)srcs[k] + base;                                           \
                 const ACC f = factors ? (ACC)factors[k] : (ACC)1;                                 \
                 (void)f;                                                                          \
                 for (size_t j = 0; j < m; j++) acc[j] = OP(acc[j], SCALE(LOAD(s[j]), f));         \
             }                                                                                     \
-            for (size_t j = 0; j < m; j++) dst[base + j] = STORE(FINAL(acc[j]));                  \
+            const T *sl = (const T *)srcs[n - 1] + base;                                          \
+            for (size_t j = 0; j < m; j++) d[j] = STORE(FINAL(OP(acc[j], SCALE(LOAD(sl[j]), fl)))); \
         }                                                                                         \
     }
 

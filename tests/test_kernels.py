@@ -67,6 +67,24 @@ def test_every_level_gives_numpys_bits(dtype):
                     assert_same_bits(got, expected, f"{level} {dtype.name} {op} n={n} count={count}")
 
 
+@pytest.mark.parametrize("name", ["float32", "int8", "uint16", "float16"])
+def test_output_may_be_any_source(name):
+    """The collectives reduce in place (the output is one of the sources, often not the first):
+    with the output as source k, for every k and one to four sources, over several blocks and a
+    tail, every level still gives numpy's bits."""
+    dtype = np.dtype(name)
+    for op in kernel_ops_for(dtype):
+        for n in (1, 2, 3, 4):
+            for k in range(n):
+                inputs = [make_input(dtype, 1537, r, salt=k) for r in range(n)]
+                expected = reduce_reference(inputs, op)
+                for level in LEVELS:
+                    sources = [x.copy() for x in inputs]
+                    _core.reduce_kernel(sources[k], sources, KERNEL_OPS.index(op), level,
+                                        FACTORS[:n])
+                    assert_same_bits(sources[k], expected, f"{level} {name} {op} n={n} out=source {k}")
+
+
 def _all_patterns(dtype):
     """Every 16-bit pattern (NaNs, infinities, subnormals, both zeros) and a shuffled partner."""
     a = np.arange(1 << 16, dtype=np.uint16)
