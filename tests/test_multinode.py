@@ -45,10 +45,14 @@ def run_nodes(script: str, per_node: list[int], *args: str, timeout: float = 240
 
 
 @pytest.mark.timeout(300)
-def test_every_torch_collective_across_two_nodes_of_two():
-    """All of checks.py (every collective, dtype and op, p2p, groups, objects) across 2 x 2."""
-    text = run_nodes(str(SCRIPTS / "torch_scripts" / "all_ops.py"), [2, 2])
-    assert sum(f"rank {r} ok" in text for r in range(4)) == 4, text[-3000:]
+@pytest.mark.parametrize("per_node", [[2, 2], [2, 2, 2], [2, 1, 2]], ids=["2x2", "3x2", "uneven-2+1+2"])
+def test_every_torch_collective_across_nodes(per_node):
+    """All of checks.py (every collective, dtype and op, p2p, groups, objects) across 2 x 2; 3 x 2,
+    whose rails have three ranks and so take gloo's collectives instead of the two-rank swap; and
+    three uneven nodes (plain gloo)."""
+    text = run_nodes(str(SCRIPTS / "torch_scripts" / "all_ops.py"), per_node)
+    ranks = sum(per_node)
+    assert sum(f"rank {r} ok" in text for r in range(ranks)) == ranks, text[-3000:]
 
 
 @pytest.mark.timeout(300)

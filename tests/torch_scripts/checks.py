@@ -250,6 +250,29 @@ def check_reduce_scatter(rank, size, c: Counter):
     c.same(out, expected[2 * rank:2 * rank + 2], "reduce_scatter_tensor 2-D")
 
 
+def check_large(rank, size, c: Counter):
+    """Sizes past 4 MiB (where a group across nodes shards over every rail instead of crossing
+    through one rank per node), odd counts: all_reduce in float32 and bfloat16,
+    reduce_scatter_tensor and all_gather_into_tensor. Values are small integers, exact in both."""
+    count = (4 << 20) // 4 + 3
+    pattern = torch.arange(count) % 7
+    for dtype in [torch.float32, torch.bfloat16]:
+        for op in [dist.ReduceOp.SUM, dist.ReduceOp.MAX]:
+            t = (pattern + rank).to(dtype)
+            dist.all_reduce(t, op=op)
+            parts = [(pattern + r).to(dtype) for r in range(size)]
+            c.same(t, _reduce_expected(parts, op), f"large all_reduce {dtype} {op}")
+    piece = count // size + 1
+    whole = (torch.arange(piece * size) % 5 + rank).to(torch.float32)
+    out = torch.empty(piece)
+    reduce_scatter_single(out, whole)
+    expected = sum((torch.arange(piece * size) % 5 + r).to(torch.float32) for r in range(size))
+    c.same(out, expected[rank * piece:(rank + 1) * piece], "large reduce_scatter_tensor")
+    gathered = torch.empty(piece * size)
+    all_gather_single(gathered, out)
+    c.same(gathered, expected, "large all_gather_into_tensor")
+
+
 # ---- data movement -----------------------------------------------------------------------------
 def check_broadcast(rank, size, c: Counter, group=None, ranks=None):
     """broadcast from every root, every dtype (float8 included), non-contiguous."""
@@ -454,9 +477,9 @@ def check_lazy_views(rank, size, c: Counter):
     c.same(buf.resolve_neg(), -torch.ones(3) * prv, "isend/irecv neg views")
     # (torch itself refuses lazy conjugate views: it views complex tensors as real first)
 
-CHECKS = [check_all_reduce, check_coalesced, check_premul_sum, check_reduce, check_reduce_scatter, check_broadcast,
-          check_all_gather, check_gather_scatter, check_all_to_all, check_barrier, check_p2p,
-          check_objects, check_groups, check_lazy_views]
+CHECKS = [check_all_reduce, check_coalesced, check_premul_sum, check_reduce, check_reduce_scatter,
+          check_large, check_broadcast, check_all_gather, check_gather_scatter, check_all_to_all,
+          check_barrier, check_p2p, check_objects, check_groups, check_lazy_views]
 
 
 def run_all(rank: int, size: int, checks=None) -> int:
