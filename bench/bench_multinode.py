@@ -2,6 +2,7 @@
 
 Run:  python bench/bench_multinode.py [--per-node 2] [--nodes 2] [--sizes 8,1K,...,32M] [--rounds 5]
                                       [--collective all_reduce|reduce_scatter|all_gather]
+                                      [--launcher torchrun|shmrun]
 
 Starts the nodes (bench/simulated_nodes.py: namespaces with their own hostname and /dev/shm,
 sharing loopback, under torchrun), then on every rank joins a default group on "shmcomm" (shared
@@ -99,7 +100,8 @@ def rank_main(args) -> None:
         backend = groups["shmcomm"]._get_backend(torch.device("cpu"))
         nodes = backend._pg.topology.describe() if isinstance(backend._pg, HierarchicalGroup) else "one node"
         print(f"torch {torch.__version__}, {dist.get_world_size()} ranks ({nodes}), {os.cpu_count()} CPUs, "
-              f"{args.rounds} rounds alternating the backends; float32 {args.collective}, ms per call")
+              f"{args.rounds} rounds alternating the backends; float32 {args.collective}, ms per call; "
+              f"{args.launcher}, THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', 'unset')}")
         print(f"{'size':>6} {'shmcomm':>17} {'gloo':>17} {'ratio':>7}")
         for label, times in rows:
             ours, theirs = (statistics.median(times[n]) * 1e3 for n in ("shmcomm", "gloo"))
@@ -118,6 +120,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--collective", default="all_reduce",
                         choices=["all_reduce", "reduce_scatter", "all_gather"])
+    parser.add_argument("--launcher", default="torchrun", choices=["torchrun", "shmrun"],
+                        help="what starts each node's ranks (shmrun also sets THP_MEM_ALLOC_ENABLE=1)")
     args = parser.parse_args()
     if "LOCAL_RANK" in os.environ:  # a rank started by torchrun
         rank_main(args)
@@ -128,7 +132,8 @@ def main() -> int:
     if why:
         print(f"skipped: simulated nodes cannot run here ({why})")
         return 0
-    nodes = start_nodes(os.path.abspath(__file__), [args.per_node] * args.nodes, *sys.argv[1:])
+    nodes = start_nodes(os.path.abspath(__file__), [args.per_node] * args.nodes, *sys.argv[1:],
+                        launcher=args.launcher)
     results = finish(nodes, 1800.0)
     for k, (rc, out) in enumerate(results):
         lines = [line for line in out.splitlines() if "Unable to resolve hostname" not in line

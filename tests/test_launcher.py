@@ -157,6 +157,7 @@ def test_environment_and_arguments():
         assert r["TORCHELASTIC_RUN_ID"] == r["SHMCOMM_JOB"]
         assert r["OMP_NUM_THREADS"] == str(max(1, cores // 3))
         assert r["PYTHONUNBUFFERED"] == "1"
+        assert r["THP_MEM_ALLOC_ENABLE"] == "1"
         assert r["argv"] == ["--flag", "x", "-n", "7"]  # flags after the script are the script's
         assert os.path.realpath(r["executable"]) == os.path.realpath(sys.executable)
     errs = by_rank(res.stderr)
@@ -164,11 +165,12 @@ def test_environment_and_arguments():
 
 
 @pytest.mark.timeout(30)
-def test_preset_omp_threads_kept_and_job_new_per_launch():
-    env = dict(os.environ, OMP_NUM_THREADS="7")
+def test_preset_environment_kept_and_job_new_per_launch():
+    env = dict(os.environ, OMP_NUM_THREADS="7", THP_MEM_ALLOC_ENABLE="0")
     first = reports(shmrun("-n", "1", "env_report.py", env=env).stdout)[0]
     second = reports(shmrun("-n", "1", "env_report.py", env=env).stdout)[0]
     assert first["OMP_NUM_THREADS"] == "7"
+    assert first["THP_MEM_ALLOC_ENABLE"] == "0"
     assert first["SHMCOMM_JOB"] != second["SHMCOMM_JOB"]
 
 

@@ -5,7 +5,7 @@ import sys
 
 KEYS = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
         "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "SHMCOMM_JOB", "OMP_NUM_THREADS",
-        "PYTHONUNBUFFERED"]
+        "PYTHONUNBUFFERED", "THP_MEM_ALLOC_ENABLE"]
 
 report = {k: os.environ.get(k) for k in KEYS}
 report["argv"] = sys.argv[1:]
