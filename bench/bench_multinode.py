@@ -25,12 +25,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "bench"))
 
+from shmcomm.bench.sizes import parse_size  # noqa: E402 - after the path is set
+
 SIZES = "8,1K,64K,1M,8M,32M"
-
-
-def _bytes(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
 
 
 def _collective(name: str, count: int, dist):
@@ -79,7 +76,7 @@ def rank_main(args) -> None:
     groups = {"shmcomm": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
     rows = []
     for label in args.sizes.split(","):
-        nbytes = _bytes(label)
+        nbytes = parse_size(label)
         call, check = _collective(args.collective, max(1, nbytes // 4), dist)
         iters = max(3, min(200, (64 << 20) // max(nbytes, 1) // 8))
         times = {name: [] for name in groups}

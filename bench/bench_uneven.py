@@ -10,7 +10,7 @@ Per total size, each round times (the median of the rounds is reported, with the
                      backend did for uneven ``dist.all_gather`` before the native form
 * ``rs_even`` / ``reduce_scatter_v``   the same for reduce_scatter::
 
-    python bench/bench_uneven.py                        # 2 ranks, 4 KiB to 32 MiB
+    python bench/bench_uneven.py                        # 2 ranks, 4 KiB to 16 MiB (x8)
     python bench/bench_uneven.py -n 3 --rounds 9
 """
 
@@ -36,53 +36,57 @@ def _counts(total: int, n: int) -> list[int]:
     return counts
 
 
-def _worker(rank: int, n: int, sizes: list[int], rounds: int, iters: int) -> dict:
+def _worker(rank: int, n: int, nbytes: int, rounds: int, iters: int) -> dict:
     import numpy as np
 
     import shmcomm as sc
 
-    result = {}
-    for nbytes in sizes:
-        total = nbytes // 4 // n * n
-        counts = _counts(total, n)
-        even_in = np.ones(total // n, np.float32)
-        mine = np.ones(counts[rank], np.float32)
-        out = np.empty(total, np.float32)
-        starts = np.cumsum([0] + counts)
-        pieces = [out[starts[q]:starts[q + 1]] for q in range(n)]
-        whole = np.ones(total, np.float32)
-        rs_out_even, rs_out = np.empty(total // n, np.float32), np.empty(counts[rank], np.float32)
+    total = nbytes // 4 // n * n
+    counts = _counts(total, n)
+    even_in = np.full(total // n, rank + 1, np.float32)
+    mine = np.full(counts[rank], rank + 1, np.float32)
+    out = np.empty(total, np.float32)
+    starts = np.cumsum([0] + counts)
+    pieces = [out[starts[q]:starts[q + 1]] for q in range(n)]
+    whole = np.ones(total, np.float32)
+    rs_out_even, rs_out = np.empty(total // n, np.float32), np.empty(counts[rank], np.float32)
 
-        def broadcasts():  # as the old fallback: its own piece copied in too
-            for q in range(n):
-                sc.broadcast(mine if q == rank else pieces[q], src=q)
-            np.copyto(pieces[rank], mine)
+    def broadcasts():  # as the old fallback: its own piece copied in too
+        for q in range(n):
+            sc.broadcast(mine if q == rank else pieces[q], src=q)
+        np.copyto(pieces[rank], mine)
 
-        calls = {
-            "even": lambda: sc.all_gather_into(out, even_in),
-            "all_gather_v": lambda: sc.all_gather_v(out, mine, counts),
-            "list": lambda: sc.all_gather(pieces, mine),
-            "broadcasts": broadcasts,
-            "rs_even": lambda: sc.reduce_scatter_into(rs_out_even, whole),
-            "reduce_scatter_v": lambda: sc.reduce_scatter_v(rs_out, whole, counts),
-        }
-        times = {case: [] for case in CASES}
-        for r in range(rounds + 1):  # round 0 warms up (page faults) and is dropped
-            for case in CASES:
-                sc.barrier()
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    calls[case]()
-                if r:
-                    times[case].append((time.perf_counter() - t0) / iters)
-        if rank == 0:
-            assert (out[:counts[0]] == 1).all() and (rs_out == n).all()
-        result[nbytes] = {case: statistics.median(v) for case, v in times.items()}
-    return result
+    calls = {
+        "even": lambda: sc.all_gather_into(out, even_in),
+        "all_gather_v": lambda: sc.all_gather_v(out, mine, counts),
+        "list": lambda: sc.all_gather(pieces, mine),
+        "broadcasts": broadcasts,
+        "rs_even": lambda: sc.reduce_scatter_into(rs_out_even, whole),
+        "reduce_scatter_v": lambda: sc.reduce_scatter_v(rs_out, whole, counts),
+    }
+    # each form checked once, from a cleared output: rank q's piece holds q + 1
+    want = np.repeat(np.arange(1, n + 1, dtype=np.float32), counts)
+    for case in ("all_gather_v", "list", "broadcasts"):
+        out.fill(0)
+        calls[case]()
+        assert np.array_equal(out, want), case
+    calls["reduce_scatter_v"]()
+    assert (rs_out == n).all()
+    times = {case: [] for case in CASES}
+    for r in range(rounds + 1):  # round 0 warms up (page faults) and is dropped
+        for case in CASES:
+            call = calls[case]
+            sc.barrier()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                call()
+            if r:
+                times[case].append((time.perf_counter() - t0) / iters)
+    return {case: statistics.median(v) for case, v in times.items()}
 
 
 def main(argv=None) -> int:
-    from shmcomm.bench.sizes import parse_size
+    from shmcomm.bench.sizes import parse_size, sweep_sizes
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-n", "--nranks", type=int, default=2)
@@ -94,14 +98,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     import shmcomm as sc
 
-    sizes, size = [], parse_size(args.min_bytes)
-    while size <= parse_size(args.max_bytes):
-        sizes.append(size)
-        size *= args.step_factor
     rows = {}
-    for nbytes in sizes:  # one spawn per size: iteration counts follow the size
+    for nbytes in sweep_sizes(parse_size(args.min_bytes), parse_size(args.max_bytes),
+                              args.step_factor):  # one spawn per size: iterations follow the size
         iters = args.iters or max(2, min(200, (64 << 20) // max(nbytes, 1) // 8))
-        rows.update(sc.spawn(_worker, args.nranks, args=([nbytes], args.rounds, iters))[0])
+        rows[nbytes] = sc.spawn(_worker, args.nranks, args=(nbytes, args.rounds, iters))[0]
     print(f"# {args.nranks} ranks, float32, median of {args.rounds} rounds; us per call "
           f"(ratio to the even form of the same total)")
     print(f"# {'bytes':>10} " + " ".join(f"{c:>18}" for c in CASES))

@@ -162,8 +162,8 @@ def write_table() -> str:
     if sweep:
         m = sweep["meta"]
         lines += [f"Measured {m['date']} on {m['cores']} cores ({m['machine']}, Python {m['python']}), "
-                  f"{m['dtype']} {m['op']}; time = median over iterations of the slowest rank's time "
-                  f"(min and p90 in the JSON). "
+                  f"{m['dtype']} {m['op']}; time = "
+                  f"{m.get('time', 'max over ranks of the mean per-call time (older results)')}. "
                   f"Load average (1 min) during the all_reduce sweep: {m['loadavg_before']:.2f} before, "
                   f"{m['loadavg_after']:.2f} after. Source: {m.get('source', 'unknown')}. Versions: "
                   + "; ".join(f"{b}: " + ", ".join(f"{k} {v}" if k != "mpi" else v

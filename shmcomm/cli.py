@@ -57,7 +57,7 @@ def segment_users() -> dict[str, set[int]]:
         names = _mapped_files(proc.pid, marker)   # a rank keeps its segments mapped, fds closed
         try:
             names.update(f.path for f in proc.open_files() if f.path.startswith(marker))
-        except (psutil.NoSuchProcess, psutil.AccessDenied):  # ZombieProcess is a NoSuchProcess
+        except (psutil.Error, OSError):  # gone, not ours, or an fd closed while it was read
             pass
         for path in names:
             users.setdefault(os.path.basename(path), set()).add(proc.pid)

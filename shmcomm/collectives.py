@@ -372,12 +372,8 @@ def zeros(shape: int | Sequence[int], dtype: DTypeLike = float,
 
 
 # ---- one text per call: the ProcessGroup methods get their module function's docstring --------
-_SHARED_DOCS = ["all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into", "gather",
-                "scatter", "reduce_scatter", "reduce_scatter_into", "all_to_all",
-                "all_to_all_single", "all_gather_v", "gather_v", "scatter_v", "reduce_scatter_v",
-                "barrier", "send", "recv", "all_reduce_coalesced", "isend", "irecv",
-                "broadcast_object_list", "all_gather_object", "gather_object",
-                "scatter_object_list", "empty"]
+# every module function that is also a ProcessGroup method (``zeros`` is not)
+_SHARED_DOCS = [name for name in __all__ if hasattr(ProcessGroup, name)]
 
 
 def _method_doc(name: str, doc: str) -> str:

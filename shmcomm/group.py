@@ -218,7 +218,7 @@ class ProcessGroup(_core.GroupCore):
         """
         if self._destroyed:
             return
-        self._comm.refuse_inside_own_operation()  # before anything is given up
+        self._refuse_destroy_here()
         self._destroyed = True
         _alive.discard(self)
         if os.getpid() != self._comm.owner_pid:
@@ -233,6 +233,12 @@ class ProcessGroup(_core.GroupCore):
 
     def _leave(self) -> None:
         self.destroy()  # at interpreter exit; groups across nodes skip their closing barrier
+
+    def _refuse_destroy_here(self) -> None:
+        """ShmcommError when called from inside one of this group's own queued operations (which
+        would wait for itself); checked before anything is given up, so the group stays whole."""
+        if not self._destroyed:
+            self._comm.refuse_inside_own_operation()
 
 
 _rank_arg = _core.rank_arg
@@ -602,14 +608,15 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
     """
     global _default
     with _lock:
+        victims = list(_groups) if group is None else [resolve(group)]
+        for g in victims:  # before the registry forgets any of them
+            g._refuse_destroy_here()
         if group is None:
-            victims = list(_groups)
             _groups.clear()
             _default = None
             _core.set_default_group(None)
         else:
-            group = resolve(group)
-            victims = [group]
+            group = victims[0]
             if group in _groups:
                 _groups.remove(group)
             if group is _default:

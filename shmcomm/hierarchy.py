@@ -720,6 +720,7 @@ class HierarchicalGroup(ProcessGroup):
     def _release(self, graceful: bool) -> None:
         if self._destroyed:
             return
+        self._refuse_destroy_here()
         self._destroyed = True
         group_registry.discard(self)
         try:

@@ -113,7 +113,7 @@ def _check_callable(value: Any, name: str, default: Callable[..., Any]) -> Calla
 def set_pickler(dumps: Callable[..., Any] | None = None,
                 loads: Callable[[bytes], Any] | None = None,
                 protocol: int | None = None) -> Pickler:
-    """Set how this process pickles the objects of object collectives, RPC and ``spawn``.
+    """Set how this process pickles the objects of object collectives and RPC.
 
     As mpi4py's ``MPI.pickle.__init__(dumps, loads, protocol)``: every process of the job must set
     the same one (the bytes one writes, another reads). RPC keeps its own faster pickling for the

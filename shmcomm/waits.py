@@ -146,6 +146,9 @@ def wait_any(futures: Iterable[Future[Any] | Work], timeout: float | None = None
     items = _futures(futures, "wait_any")
     if not items:
         raise ValueError("wait_any needs at least one Future or Work")
+    done = next((i for i, f in enumerate(items) if f.done()), None)
+    if done is not None:  # without watching anything: a loop over a shrinking list stays cheap
+        return done
     for f in items:
         _watch(f)
     deadline = None if timeout is None else time.monotonic() + float(timeout)

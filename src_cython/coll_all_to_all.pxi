@@ -102,7 +102,8 @@ cdef int _stage_inputs(Communicator c, char **ins, char **outs, size_t *in_bytes
 
 cdef int _all_to_all(Communicator c, op_t *o) except -1 nogil:
     """Move o.ins[q] (o.in_bytes[q]) to rank q's o.outs[rank], under o.kind's descriptor; uneven
-    kinds check the size matrix and (reduce_scatter_v) carry PREMUL_SUM factors."""
+    kinds check the size matrix. No kind that comes here reduces (reduce_scatter_v has its own
+    loop), so the descriptor carries no op."""
     cdef char **outs = o.outs
     cdef char **ins = o.ins
     cdef size_t *in_bytes = o.in_bytes
@@ -123,8 +124,7 @@ cdef int _all_to_all(Communicator c, op_t *o) except -1 nogil:
             if _all_to_all_single_copy(c, outs, ins, in_bytes, out_bytes):
                 return 0
     else:
-        c._set_desc(o.kind, dtype, 0, o.root, o.op)
-        c._set_factor(o)
+        c._set_desc(o.kind, dtype, 0, o.root, 0)
         s = c.next_step()
         sizes = <uint64_t *>c.slot(c.rank, s)
         fits = 1
@@ -140,7 +140,6 @@ cdef int _all_to_all(Communicator c, op_t *o) except -1 nogil:
                     memcpy(c.slot(c.rank, s) + header + q * piece_cap, ins[q], in_bytes[q])
         c._step()
         c._check_desc()
-        c._load_factors(o)
         first = False
         for a in range(n):
             for b in range(n):
@@ -158,7 +157,7 @@ cdef int _all_to_all(Communicator c, op_t *o) except -1 nogil:
                     memcpy(outs[q], c.slot(q, s) + header + c.rank * piece_cap, out_bytes[q])
             return 0
         if c._single_copy_size(most):  # every rank saw the same matrix: the same choice
-            c._set_desc(o.kind, dtype, 0, o.root, o.op)  # for the table's step
+            c._set_desc(o.kind, dtype, 0, o.root, 0)  # for the table's step
             if _all_to_all_single_copy(c, outs, ins, in_bytes, out_bytes):
                 return 0
     c._out(outs[c.rank], ins[c.rank], out_bytes[c.rank], out_bytes[c.rank])

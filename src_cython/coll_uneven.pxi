@@ -2,10 +2,11 @@
 # counts (MPI's Allgatherv/Gatherv/Scatterv/Reduce_scatter, and torch's list forms with tensors of
 # different sizes).
 #
-# Each is an all_to_all with per-pair sizes (coll_all_to_all.pxi): its first step publishes every
-# rank's sizes, so a rank that does not know its peers' counts (a non-root of gather_v, as in MPI)
-# needs none, and every rank checks the whole size matrix; small ones finish in that same step,
-# large ones are pulled straight from the senders' arrays (single copy).
+# The data movements are an all_to_all with per-pair sizes (coll_all_to_all.pxi): its first step
+# publishes every rank's sizes, so a rank that does not know its peers' counts (a non-root of
+# gather_v, as in MPI) needs none, and every rank checks the whole size matrix; small ones finish
+# in that same step, large ones are pulled straight from the senders' arrays (single copy).
+# reduce_scatter_v has a loop of its own (below): the same first step, then reduce_scatter's.
 #   all_gather_v: rank r sends its array to every rank; rank r's piece q goes to output piece q.
 #   gather_v / scatter_v: only the pairs (q -> root) / (root -> q) carry bytes.
 #   reduce_scatter_v: as reduce_scatter's slot path (every rank copies its chunk for each peer
@@ -53,8 +54,8 @@ cdef int _check_counts(object counts, object displs, long long length, int size,
             at += cs[q]
     else:
         _counts_into(displs, size, "displs", ds)
-    for q in range(size):
-        if ds[q] + cs[q] > length:
+    for q in range(size):  # both are non-negative: written so that no sum can overflow
+        if cs[q] > length or ds[q] > length - cs[q]:
             raise ValueError(f"{argname}: piece {q} (counts[{q}]={cs[q]} from element {ds[q]}) "
                              f"ends past the array's {length} elements")
     if disjoint and displs is not None:

@@ -178,6 +178,9 @@ cdef class Communicator:
     # ---- layout -------------------------------------------------------------------------------
     cdef size_t _layout(self, size_t slot_bytes, size_t ring_bytes):
         cdef size_t n = self.size
+        # at least 64 bytes per rank after reduce_scatter_v's size header, or a chunk would be
+        # empty and a pipelined loop would never advance (SHMCOMM_SLOT_BYTES=4096, 57+ ranks)
+        slot_bytes = max(slot_bytes, _align_up((n + 1) * sizeof(uint64_t), 64) + 64 * n)
         self.slot_bytes = _align_up(slot_bytes, 4096)
         self.ring_bytes = _align_up(ring_bytes, 4096)
         self.ring_off = _align_up(SHM_HEADER_BYTES + n * SHM_CB_BYTES, 4096)

@@ -8,9 +8,10 @@
  * operations in the same order (the build passes -ffp-contract=off, so no level fuses a multiply
  * and an add), and the half-precision converters are exact (shm_half.h).
  *
- * Work goes in blocks through an accumulator array in the accumulate type (float32 for float16 and
- * bfloat16, unsigned for integer sums so overflow wraps as in numpy); the simple inner loops let
- * the compiler vectorize them for each level's instruction set. Only the float16 converters are
+ * Work goes in blocks, in the accumulate type (float32 for float16 and bfloat16, unsigned for
+ * integer sums so overflow wraps as in numpy), through an accumulator array only when there are
+ * more than two sources (SHM_KERNEL); the simple inner loops let the compiler vectorize them for
+ * each level's instruction set. Only the float16 converters are
  * written with intrinsics (F16C, NEON): compilers do not vectorize those conversions themselves.
  */
 #ifndef SHMCOMM_REDUCE_KERNELS_H

@@ -287,6 +287,10 @@ def _destroy_inside_own_operation(rank, size):
     pg = default_group()
     with pytest.raises(sc.ShmcommError, match="cannot be destroyed from inside one of its own"):
         pg._comm.submit(pg.destroy, (), [], False)
+    # through the module: refused before the registry forgets the group
+    with pytest.raises(sc.ShmcommError, match="cannot be destroyed from inside one of its own"):
+        pg._comm.submit(sc.destroy_process_group, (), [], False)
+    assert sc.is_initialized() and default_group() is pg
     x = np.ones(3)
     sc.all_reduce(x)  # still a working group on every rank
     assert (x == size).all()

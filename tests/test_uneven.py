@@ -199,6 +199,11 @@ def _bad_arguments(rank, size):
         (lambda: sc.all_gather_v(np.empty(4, np.float32), x, [2]), ValueError, "counts must be 2"),
         (lambda: sc.all_gather_v(np.empty(4, np.float32), x, [2, -1]), ValueError, "non-negative"),
         (lambda: sc.all_gather_v(np.empty(3, np.float32), x, [2, 2]), ValueError, "ends past"),
+        # a displacement near 2**63 must not wrap the bounds check (it once pointed before the array)
+        (lambda: sc.all_gather_v(np.empty(4, np.float32), x, [2, 2], [0, 2**63 - 2]), ValueError,
+         "ends past"),
+        (lambda: sc.reduce_scatter_v(x, np.zeros(4, np.float32), [2, 2**63 - 3]), ValueError,
+         "ends past"),
         (lambda: sc.all_gather_v(np.empty(4, np.float32), x, [1, 3]), ValueError,
          f"counts[{rank}] has {[1, 3][rank]} float32 elements but this rank's array has 2"),
         (lambda: sc.all_gather_v(np.empty(4, np.float32), x, [2, 2], [0, 1]), ValueError, "overlap"),

@@ -137,7 +137,7 @@ def expand(collectives, dtype_names, ops, roots, nranks: int):
                     case = Case(coll, dt, op, root)
                     if why:
                         skipped.append((case, why))
-                    elif case not in cases:
+                    else:  # the option parsers dropped repeated dtypes, ops and roots
                         cases.append(case)
     return cases, skipped
 

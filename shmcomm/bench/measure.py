@@ -134,7 +134,7 @@ def _measure(wk: _Worker, cfg: dict, case: _Case, collective: str) -> dict:
         # Time a fixed number of probe calls (they also warm up; the first pays the page faults)
         # and aim at target_time. The count must not depend on local timings, or ranks would
         # issue different numbers of collectives; rank 0 alone turns its estimate into the plan.
-        probes = np.concatenate([_time_loop(case, i, 1) for i in range(_PROBES)])
+        probes = _time_loop(case, 0, _PROBES)
         plan = None
         if wk.rank == 0:
             planned = int(cfg["target_time"] / max(float(np.median(probes)), 1e-7))

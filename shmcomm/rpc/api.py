@@ -269,12 +269,11 @@ def remote(to: str | int | WorkerInfo, func: Callable[..., Any], args: Iterable[
     dst = agent.resolve(to)
     rid = agent.new_rref_id()
     if dst == agent.rank:
-        from shmcomm import _core
         from shmcomm.rpc.serialization import dumps, loads
 
         data, bufs = dumps((func, args, kwargs), dst)   # value semantics, as for a remote owner
         func, args, kwargs = loads(data, _copies(bufs))
-        value: _core.Future[Any] = _core.Future()
+        value: Future[Any] = Future()
         obj = RRef._owned(agent, rid, value)
         agent._pool.submit(_run_into, value, func, args, kwargs)
         return obj
