@@ -1,7 +1,8 @@
 """One rank of ``sc.spawn``: ``python -m shmcomm._spawn_rank WORKDIR`` (the launcher sets RANK,
 WORLD_SIZE and the job's name and secret). Loads ``WORKDIR/call.pkl`` (fn, args, timeout), joins
 the default group, runs ``fn(rank, nprocs, *args)``, and leaves ``WORKDIR/rank<r>.pkl``:
-``("ok", value)`` or ``("error", exception or None, traceback text)``.
+``("ok", value)`` or ``("error", exception or None, traceback text, time.time() of the failure,
+whether it is fallout of a peer's failure)``.
 """
 
 from __future__ import annotations
@@ -9,11 +10,14 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+import time
 import traceback
 
 
 def _leave(workdir: str, rank: int, outcome: tuple) -> None:
-    from shmcomm.pickling import default_dumps  # a lambda or a local class comes back too
+    # cloudpickle for what pickle refuses: a lambda, or an exception class of the caller's
+    # __main__ or of a function, comes back as the caller's own class
+    from shmcomm.pickling import default_dumps
 
     path = os.path.join(workdir, f"rank{rank}.pkl")
     data = default_dumps(outcome)
@@ -22,16 +26,35 @@ def _leave(workdir: str, rank: int, outcome: tuple) -> None:
     os.replace(path + ".tmp", path)  # the caller never reads half a file
 
 
+def _fail(workdir: str, rank: int, exc: BaseException) -> None:
+    """Leave ``exc`` (or its text only, when even cloudpickle refuses it) as this rank's outcome."""
+    from shmcomm.errors import caused_by_peer
+
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    when, fallout = time.time(), caused_by_peer(exc)
+    try:
+        _leave(workdir, rank, ("error", exc, text, when, fallout))
+    except Exception:  # noqa: BLE001 - e.g. an exception holding a lock: its text only
+        _leave(workdir, rank, ("error", None, text, when, fallout))
+
+
 def main(workdir: str) -> int:
     import shmcomm as sc
 
     rank, nprocs = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    reported = False
     try:
         with open(os.path.join(workdir, "call.pkl"), "rb") as f:
             fn, args, timeout = pickle.load(f)
         sc.init_process_group(timeout=timeout)
         try:
             value = fn(rank, nprocs, *args)
+        except BaseException as exc:
+            # Left before the group is: the peers fail when this rank leaves it, and the caller
+            # must then find this rank's own exception, not only theirs.
+            _fail(workdir, rank, exc)
+            reported = True
+            raise
         finally:
             sc.destroy_process_group()
         try:
@@ -40,12 +63,8 @@ def main(workdir: str) -> int:
             raise TypeError(f"rank {rank}'s return value cannot be pickled back to the caller: "
                             f"{exc}") from exc
     except BaseException as exc:  # noqa: BLE001 - every failure goes back to the caller
-        text = traceback.format_exc()
-        try:
-            pickle.dumps(exc)
-        except Exception:  # noqa: BLE001 - an exception that does not pickle: its text only
-            exc = None
-        _leave(workdir, rank, ("error", exc, text))
+        if not reported:
+            _fail(workdir, rank, exc)
         return 1
     return 0
 

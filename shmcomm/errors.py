@@ -155,3 +155,21 @@ def future_error(exc: BaseException) -> Exception:
     wrapped.__cause__ = exc
     return wrapped
 
+
+def caused_by_peer(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is fallout of another rank's failure: a ``PeerFailureError`` or an
+    ``AbortedError``, or an exception raised while handling one (found through ``__cause__`` and
+    ``__context__``). The root cause of a failed job is the first rank whose failure is not.
+
+    Example::
+
+        >>> caused_by_peer(PeerFailureError("rank 1 died", 1)), caused_by_peer(ValueError())
+        (True, False)
+    """
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, (PeerFailureError, AbortedError)):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False

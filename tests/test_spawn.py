@@ -170,3 +170,44 @@ def test_ctrl_c_stops_every_rank_and_leaves_nothing():
     assert not left, f"left in /dev/shm: {left}"
     assert not [q for q in os.listdir("/tmp") if q.startswith("shmcomm-spawn-")], \
         "the call's temporary directory was left behind"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_the_root_cause_comes_back_as_its_own_class_while_the_others_wait_in_a_collective(nprocs):
+    """Rank 1 raises a class of the caller's script (pickle refuses it in the rank: cloudpickle)
+    while the others wait in a collective and then fail with PeerFailureError: the caller gets
+    rank 1's exception, as that very class, whichever rank exits first."""
+    rc, out = python(f"""
+        import numpy as np, shmcomm as sc
+        from shmcomm.spawn import RemoteTraceback
+
+        class ScriptError(Exception):
+            pass
+
+        def local_class():
+            class LocalError(LookupError):
+                pass
+            return LocalError
+
+        LocalError = local_class()
+
+        def work(rank, n, cls):
+            if rank == 1:
+                raise cls(f"rank {{rank}} gives up")
+            sc.all_reduce(np.ones(4))   # waits for rank 1, which never comes
+
+        for i in range(3):
+            for cls in (ScriptError, LocalError):
+                try:
+                    sc.spawn(work, {nprocs}, args=(cls,))
+                except Exception as e:
+                    assert type(e) is cls, (i, type(e), e)
+                    assert str(e) == "rank 1 gives up", e
+                    assert isinstance(e.__cause__, RemoteTraceback) and e.__cause__.rank == 1
+                    assert "in work" in e.__cause__.text, e.__cause__.text
+                else:
+                    raise AssertionError("no exception")
+        print("OK")
+    """, timeout=80)
+    assert rc == 0 and "OK" in out, out
