@@ -38,7 +38,7 @@ import psutil
 from shmcomm import __version__, segments, trust
 from shmcomm.cpus import cpu_domains, format_cpulist, usable_cores
 from shmcomm.launch_console import PROG, _Console, _Stream
-from shmcomm.node_link import Failure, NodeLink
+from shmcomm.node_link import Failure, NodeLink, link_key
 
 __all__ = ["LaunchConfig", "parse_args", "rank_environment", "launch", "main", "usable_cores",
            "cpu_domains", "binding_plan"]
@@ -598,7 +598,11 @@ class _Supervisor:
 
     def _hear_other_nodes(self) -> None:
         """A failure on another node stops this node's ranks too."""
-        if self.link is None or not self.link.news or self.remote is not None:
+        if self.link is None:
+            return
+        for notice in self.link.take_notices():
+            self.console.say(notice)
+        if not self.link.news or self.remote is not None:
             return
         if self.failed is None and self.kill_at is None:
             self.remote = self.link.news[0]
@@ -859,8 +863,9 @@ def run_job(cfg: LaunchConfig) -> _Outcome:
     link = None
     try:
         if cfg.nnodes > 1:
+            key = link_key(trust.given_secret(), cfg.nnodes, cfg.nproc, cfg.master_port)
             link = NodeLink(cfg.nnodes, cfg.node_rank, cfg.master_addr, cfg.master_port + 1,
-                            wake=functools.partial(_wake, wakeup_w))
+                            wake=functools.partial(_wake, wakeup_w), key=key)
             link.start()
         attempt = 0
         while True:
@@ -872,6 +877,8 @@ def run_job(cfg: LaunchConfig) -> _Outcome:
                     f.close()
             if link is not None:
                 link.finish(ok=outcome.code == 0)
+                for notice in link.take_notices():
+                    console.say(notice)
                 if outcome.code == 0 and link.news:  # a node failed after this one's ranks ended
                     outcome = _Outcome(link.news[0].code, remote=link.news[0])
             if cfg.summary:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from shmcomm.errors import UntrustedFileError
 
 __all__ = ["SECRET_ENV", "UntrustedFileError", "Credentials", "credentials", "new_secret",
-           "ensure_inherited_secret", "process_identity", "problem", "check_file", "open_checked",
+           "ensure_inherited_secret", "given_secret", "process_identity", "problem", "check_file", "open_checked",
            "open_private_output", "describe_owner",
            "foreign_job_error"]
 
@@ -63,6 +63,18 @@ def ensure_inherited_secret() -> None:
     """
     if not os.environ.get(SECRET_ENV):
         os.environ[SECRET_ENV] = f"auto-{os.getpid()}-{secrets.token_hex(16)}"
+
+
+def given_secret() -> str | None:
+    """The ``SHMCOMM_SECRET`` a person set, or None: absent, or made up by a shmcomm process
+    (``auto-...``, see ``ensure_inherited_secret``), which no other machine shares.
+
+    Example::
+
+        os.environ["SHMCOMM_SECRET"] = "s3cret"; given_secret()   # 's3cret'
+    """
+    secret = os.environ.get(SECRET_ENV)
+    return None if not secret or _AUTO.fullmatch(secret) else secret
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -492,6 +493,93 @@ def test_several_nodes_get_torchruns_environment(capsys):
         with pytest.raises(SystemExit):
             parse_args(["-n", "1", *bad])
         assert message in capsys.readouterr().err
+
+
+def free_port_pair() -> int:
+    """A port P such that P and P + 1 (the node link) are both free on 127.0.0.1 now."""
+    from shmcomm.launch import free_port
+
+    while True:
+        port = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+
+
+def forge(port: int, read_first: bool) -> None:
+    """What any local user can do: connect to the node link and say node 1 failed (read the
+    challenge first and answer it with a made-up proof, or just talk)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+        if read_first:
+            with contextlib.suppress(OSError):
+                s.recv(4096)
+        lines = [{"kind": "hello", "node": 1, "nonce": "00", "proof": "00" * 32},
+                 {"kind": "fail", "node": 1, "code": 9, "text": "forged"}, {"kind": "bye"}]
+        with contextlib.suppress(OSError):
+            s.sendall(b"".join(json.dumps(m).encode() + b"\n" for m in lines))
+            s.recv(4096)  # until node 0 closes it (or the timeout)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("rank1_code", [0, 3])
+def test_the_node_link_ignores_strangers_and_still_carries_news(tmp_path, rank1_code):
+    """Two nodes' shmrun on 127.0.0.1: lines forged by a client that does not hold the job's
+    key (a local user who read the ports from ps) are ignored and reported once, never taken as
+    a failure; a real failure on node 1 still stops node 0 with its code."""
+    port = free_port_pair()
+    steps = [str(tmp_path), "0/out:ready\\n", "1/out:ready\\n", "0/wait:go", "1/wait:go",
+             f"1/exit:{rank1_code}"]
+    flags = ["-n", "1", "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    with launcher([*flags, "--node-rank", "0", "steps.py", *steps], stderr=subprocess.STDOUT) as node0, \
+            launcher([*flags, "--node-rank", "1", "steps.py", *steps], stderr=subprocess.STDOUT) as node1:
+        out0, out1 = Reader(node0), Reader(node1)
+        out0.until(b"[0] ready")
+        out1.until(b"ready")  # its local rank 0
+        forge(port + 1, read_first=False)
+        forge(port + 1, read_first=True)
+        out0.until(b"ignored a connection to the node link from 127.0.0.1")
+        touch(tmp_path, "go")
+        text0, _ = out0.finish(timeout=30)
+        text1, _ = out1.finish(timeout=30)
+    assert (node0.returncode, node1.returncode) == (rank1_code, rank1_code), (text0, text1)
+    assert text0.count(b"ignored a connection") == 1, text0
+    assert b"forged" not in text0 + text1, (text0, text1)
+    if rank1_code:
+        assert b"the job failed on node 1 (rank 1 (pid" in text0, text0
+
+
+def test_node_links_with_different_keys_refuse_each_other_and_say_so(monkeypatch):
+    """Node 0 listens on --master-addr only; launchers given different SHMCOMM_SECRETs never
+    take each other's news and each says why; one that a shmcomm process made up is no key."""
+    from shmcomm import trust
+    from shmcomm.node_link import NodeLink, link_key
+
+    monkeypatch.setenv(trust.SECRET_ENV, "auto-1-" + "0" * 32)
+    assert trust.given_secret() is None
+    monkeypatch.setenv(trust.SECRET_ENV, "s3cret")
+    assert trust.given_secret() == "s3cret"
+    port = free_port_pair() + 1
+    node0 = NodeLink(2, 0, "127.0.0.1", port, wake=lambda: None, key=link_key("a", 2, 1, port))
+    node1 = NodeLink(2, 1, "127.0.0.1", port, wake=lambda: None, key=link_key("b", 2, 1, port))
+    try:
+        node0.start()
+        assert node0._server.getsockname()[0] == "127.0.0.1"
+        node1.start()
+        node1.report_failure(3, "rank 1 failed")
+        said0, said1, deadline = [], [], time.monotonic() + 10
+        while not (said0 and said1) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            said0 += node0.take_notices()
+            said1 += node1.take_notices()
+        assert len(said0) == 1 and "does not hold this job's key" in said0[0], said0
+        assert len(said1) == 1 and "do not accept each other" in said1[0], said1
+        assert not node0.news and not node1.news
+    finally:
+        node1.close()
+        node0.close()
 
 
 # -- live output: unfinished lines, prompts, progress bars --------------------------------------
