@@ -4,6 +4,7 @@ from libc.stdint cimport int32_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 cdef extern from "shm_sync.h" nogil:
     uint32_t shm_load_acquire(const uint32_t *p)
+    uint32_t shm_load_seq_cst(const uint32_t *p)
     uint64_t shm_load_acquire64(const uint64_t *p)
     void shm_store_release64(uint64_t *p, uint64_t v)
     uint32_t shm_fetch_add(uint32_t *p, uint32_t v)
@@ -21,6 +22,7 @@ cdef extern from "shm_sync.h" nogil:
     int shm_spin_change64(const uint64_t *word, uint64_t seen, uint64_t spin_ns)
     int shm_pidfd_open(int pid)
     int shm_pidfd_exited(int pidfd)
+    int shm_pidfd_kill(int pidfd, int pid, int sig)
     int shm_cma_read(int pid, void *dst, uint64_t remote, size_t n)
     int shm_cma_write(int pid, const void *src, uint64_t remote, size_t n)
 
@@ -64,7 +66,7 @@ cdef extern from "shm_layout.h" nogil:
         uint64_t probe_addr
         uint32_t cma_ok
         uint32_t withdrawn
-        uint32_t cma_users
+        uint32_t leases
         uint64_t start_time
         uint64_t desc[2][8]
         uint32_t bell

@@ -130,7 +130,9 @@ cdef int _all_gather_zero_copy(Communicator c, op_t *o) except -1 nogil:
         q = (c.rank + i) % n
         dst = first + q * o.heap_stride + c.rank * nbytes
         if dst != o.ptr:
+            c._lease(q)
             c._out(dst, o.ptr, nbytes, nbytes)
+            c._unlease()
     c.zero_copy_calls += 1
     c._step()  # every piece written before anyone returns
     return 0

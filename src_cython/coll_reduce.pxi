@@ -246,8 +246,12 @@ cdef int _reduce_batch(Communicator c, op_t **ops, int k) except -1 nogil:
 
 
 cdef void _set_heap_desc(Communicator c, uint64_t heap, uint64_t heap_off) noexcept nogil:
+    """Publish, with the next step's descriptor, where this rank's array lies in a shared heap:
+    from that step on peers may read and write it in place, so a failure must withdraw it."""
     cdef uint64_t *d = c.cb(c.rank).desc[(c.step + 1) & 1]
     d[5] = heap; d[6] = heap_off
+    if heap:
+        c.published = True
 
 
 cdef bint _all_same_heap(Communicator c) noexcept nogil:
@@ -274,6 +278,7 @@ cdef int _reduce_zero_copy(Communicator c, op_t *o) except -1 nogil:
         m = min(block, hi - b)
         for q in range(n):
             c.srcs[q] = first + q * stride + b * itemsize
+        c._lease(-1)  # reads every array, writes every array that wants the result
         if o.root < 0:
             shm_reduce(ptr + b * itemsize, c.srcs, c.factors, n, m, o.dtype, o.op)
             for i in range(1, n):
@@ -281,6 +286,7 @@ cdef int _reduce_zero_copy(Communicator c, op_t *o) except -1 nogil:
                 memcpy(first + q * stride + b * itemsize, ptr + b * itemsize, m * itemsize)
         else:
             shm_reduce(first + o.root * stride + b * itemsize, c.srcs, c.factors, n, m, o.dtype, o.op)
+        c._unlease()
         b += m
     c.zero_copy_calls += 1
     c._step()  # every slice written before anyone returns

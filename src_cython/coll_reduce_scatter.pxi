@@ -84,7 +84,9 @@ cdef int _reduce_scatter_zero_copy(Communicator c, op_t *o) except -1 nogil:
     cdef char *first = o.ins[0] - c.rank * o.heap_stride  # rank 0's input
     for q in range(c.size):
         c.srcs[q] = first + q * o.heap_stride + c.rank * o.nbytes
+    c._lease(-1)
     shm_reduce(o.ptr, c.srcs, c.factors, c.size, o.count, o.dtype, o.op)
+    c._unlease()
     c.zero_copy_calls += 1
     c._step()  # inputs untouched until every rank has read its piece
     return 0

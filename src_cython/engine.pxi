@@ -20,13 +20,19 @@
 # before the next starts, in the order threads reach the engine (every rank must still issue the
 # same sequence of collectives, as with torch.distributed).
 #
-# Leases. Single-copy paths read and write peers' private memory at addresses they publish. A rank
-# whose op fails sets `withdrawn` in its control block and, before returning, waits until no peer
-# holds a lease (`cma_users`) on its memory; a peer takes the lease and checks `withdrawn` before
-# every copy. So a late peer can never write into memory the user has already reused.
+# Leases. Single-copy and zero-copy paths read and write peers' memory: private arrays at the
+# addresses peers publish, and sc.empty arrays through the shared heap. Every such copy runs under
+# a lease: the copying rank counts it in its own control block (`leases`), then checks that the
+# peer has not withdrawn. A rank whose op fails after it exposed its memory marks `withdrawn` and,
+# before returning, waits until no live peer holds a lease. Both sides use sequentially consistent
+# accesses, so either the copier sees the withdrawal or the withdrawer sees the lease: a late peer
+# can never write into memory the user has already reused. Leases are counted per holder, so a
+# dead holder (which writes nothing) is not waited for, and one that holds a lease past the
+# timeout (stopped) is killed before the withdrawal returns.
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy, memmove
 from posix.signal cimport kill
+from libc.signal cimport SIGKILL
 from posix.unistd cimport getpid, usleep
 from cpython.exc cimport PyErr_CheckSignals
 
@@ -489,6 +495,9 @@ cdef class Communicator:
             theirs = self.cb(q).desc[self.step & 1]
             for w in range(5):
                 if theirs[w] != mine[w]:
+                    # every rank compares the same descriptors and fails here: none will copy,
+                    # so what this step exposed needs no withdrawal (the group stays usable)
+                    self.published = False
                     with gil:
                         raise CollectiveMismatchError(self._mismatch_text())
         return 0
@@ -565,24 +574,35 @@ cdef class Communicator:
     cdef inline uint64_t _peer_entry(self, int q, int i) noexcept nogil:
         return (<uint64_t *>self.slot(q, self.step))[1 + i]
 
+    cdef int _lease(self, int q) except -1 nogil:
+        """Take a lease covering rank q's memory (q < 0: every peer's) for the copy about to run;
+        ``_unlease`` ends it. Raises if one of them withdrew (see Leases at the top)."""
+        cdef capi.shm_cb_t *me = self.cb(self.rank)
+        cdef int r, first = 0 if q < 0 else q, last = self.size if q < 0 else q + 1
+        capi.shm_fetch_add(&me.leases, 1)
+        for r in range(first, last):
+            if r != self.rank and capi.shm_load_seq_cst(&self.cb(r).withdrawn):
+                capi.shm_fetch_sub(&me.leases, 1)
+                with gil:
+                    raise self._fail(peer_failure(self._name(), r, self.pids[r],
+                                                  "failed this operation and withdrew its buffers"))
+        return 0
+
+    cdef inline void _unlease(self) noexcept nogil:
+        capi.shm_fetch_sub(&self.cb(self.rank).leases, 1)
+
     cdef int _cma(self, int q, char *local, uint64_t remote, size_t n, bint write) except -1 nogil:
         """Copy n bytes between ``local`` and address ``remote`` of rank q (write: to rank q),
-        under a lease on q's memory (see the top of this file)."""
+        under a lease on q's memory."""
         cdef int err
-        cdef capi.shm_cb_t *peer = self.cb(q)
         if n == 0:
             return 0
-        capi.shm_fetch_add(&peer.cma_users, 1)
-        if capi.shm_load_acquire(&peer.withdrawn):
-            capi.shm_fetch_sub(&peer.cma_users, 1)
-            with gil:
-                raise self._fail(peer_failure(self._name(), q, self.pids[q],
-                                              "failed this operation and withdrew its buffers"))
+        self._lease(q)
         if write:
             err = capi.shm_cma_write(self.pids[q], local, remote, n)
         else:
             err = capi.shm_cma_read(self.pids[q], local, remote, n)
-        capi.shm_fetch_sub(&peer.cma_users, 1)
+        self._unlease()
         if err:
             with gil:
                 raise self._fail(os_failure(f"{self._name()}: {'writing' if write else 'reading'} rank "
@@ -590,13 +610,35 @@ cdef class Communicator:
         return 0
 
     cdef void _withdraw(self) noexcept nogil:
-        """After a failed op that published addresses: no peer may touch them from now on. Wait
-        (bounded) until copies already under way have ended."""
+        """After a failed op that exposed this rank's memory: no peer may touch it from now on.
+        Wait until every live peer's copies under way have ended (a dead peer copies nothing);
+        a peer still holding a lease after the group's timeout is stopped (SIGSTOP, a debugger)
+        and is killed, so that it cannot write into memory the caller reuses."""
         cdef capi.shm_cb_t *me = self.cb(self.rank)
         cdef uint64_t give_up = capi.shm_now_ns() + <uint64_t>(self.timeout * 1e9)
+        cdef int q
         capi.shm_store_seq_cst(&me.withdrawn, 1)
-        while capi.shm_load_acquire(&me.cma_users) != 0 and capi.shm_now_ns() < give_up:
-            usleep(100)
+        for q in range(self.size):
+            if q == self.rank:
+                continue
+            while capi.shm_load_seq_cst(&self.cb(q).leases) != 0 and not self._peer_dead(q):
+                if capi.shm_now_ns() > give_up:
+                    self._end_stuck_peer(q)
+                    break
+                usleep(100)
+
+    cdef void _end_stuck_peer(self, int q) noexcept nogil:
+        """Kill rank q, which has held a lease on this rank's memory for the whole timeout, and
+        wait (bounded) until it is gone: only then can it no longer write here."""
+        cdef uint64_t give_up = capi.shm_now_ns() + 5 * 1000 * 1000 * 1000ULL
+        with gil:
+            sys.stderr.write(f"shmcomm: rank {self.rank}: rank {q} (pid {self.pids[q]}) has been "
+                             f"copying into this rank's memory for more than {self.timeout} s after "
+                             f"the operation failed (stopped?); killing it so it cannot write into "
+                             f"reused memory\n")
+        capi.shm_pidfd_kill(self.pidfds[q], self.pids[q], SIGKILL)
+        while not self._peer_dead(q) and capi.shm_now_ns() < give_up:
+            usleep(1000)
 
     # ---- running one op -----------------------------------------------------------------------
     cdef int _exec(self, op_t *o) except -1 nogil:
@@ -751,7 +793,10 @@ cdef class Communicator:
             call = _Call.__new__(_Call)
             call._tables(self.size)
             call.inline = True
-        call.claim = claim  # (the collective's _prep sets every field its runner reads)
+        # The inline _Call is reused by every synchronous call: clear what the last one left
+        # (a list form's prep does not set the shared-array fields its runner reads).
+        call.reset()
+        call.claim = claim
         return call
 
     cdef _abandon(self, _Call call):

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #define SHM_MAGIC 0x006D6D6F636D6873ull /* "shmcomm\0" */
-#define SHM_VERSION 4u
+#define SHM_VERSION 5u
 #define SHM_HEAP_MAGIC 0x0070616568636873ull /* "shcheap\0" */
 #define SHM_HEADER_BYTES 4096
 #define SHM_CB_BYTES 512
@@ -56,7 +56,8 @@ typedef struct {
     uint64_t probe_addr;     /* 16: address of `pid` in this rank's own mapping (single-copy probe) */
     uint32_t cma_ok;         /* 24: this rank can read every peer's memory (set after the probe) */
     uint32_t withdrawn;      /* 28: set once an op of this rank failed: its published addresses are void */
-    uint32_t cma_users;      /* 32: peers copying from/to this rank's memory right now (the lease) */
+    uint32_t leases;         /* 32: copies this rank is making into or out of peers' memory right now
+                                (each a lease on every peer whose `withdrawn` it checked first) */
     uint32_t pad_a;          /* 36 */
     uint64_t start_time;     /* 40: this process's start time (/proc/PID/stat field 22): peers check
                                 that `pid` is still the process that registered */

@@ -17,6 +17,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <poll.h>
+#include <signal.h>
 #include <sched.h>
 #include <stdint.h>
 #include <sys/syscall.h>
@@ -25,6 +26,7 @@
 #include <unistd.h>
 
 static inline uint32_t shm_load_acquire(const uint32_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static inline uint32_t shm_load_seq_cst(const uint32_t *p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
 static inline uint64_t shm_load_acquire64(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 static inline void shm_store_release64(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 static inline uint32_t shm_fetch_add(uint32_t *p, uint32_t v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
@@ -126,6 +128,14 @@ static inline int shm_pidfd_open(int pid) {
 static inline int shm_pidfd_exited(int pidfd) {
     struct pollfd p = {pidfd, POLLIN, 0};
     return poll(&p, 1, 0) > 0;
+}
+
+/* Send sig to the process behind pidfd (immune to pid reuse); kill(pid) without pidfds. */
+static inline int shm_pidfd_kill(int pidfd, int pid, int sig) {
+#ifdef SYS_pidfd_send_signal
+    if (pidfd >= 0) return (int)syscall(SYS_pidfd_send_signal, pidfd, sig, NULL, 0);
+#endif
+    return kill(pid, sig);
 }
 
 /* Single copy between processes (Linux cross-memory attach): read n bytes at `remote` in process

@@ -1,0 +1,276 @@
+"""Memory safety of the paths that touch peers' memory: per-call state, leases, late peers.
+
+Each test here replays a case an adversarial review found (issue #29): a call that inherited the
+previous call's shared-array fields and wrote peers' addresses into unrelated memory, a late peer
+writing into a timed-out rank's shared arrays, and a killed peer's lease stalling survivors.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import shmcomm as sc
+from harness import run_ranks
+from reference import assert_same_bits, make_input
+
+ASAN = os.environ.get("SHMCOMM_ASAN") == "1"
+
+
+# ---- per-call state: a list form after a synchronous call on sc.empty memory -----------------
+def _list_forms_after_a_shared_array_call(rank, size, count):
+    """A synchronous collective on an sc.empty array, then every list form (whose arrays are
+    private): each must run on its own arguments, never on the shared array's heap fields."""
+    f64 = np.dtype(np.float64)
+    shared = sc.empty(count * size, f64)
+    inputs = [make_input(f64, count * size, r, salt=1) for r in range(size)]
+
+    def warm():  # leaves heap fields behind in the group's inline call
+        shared[...] = inputs[rank]
+        sc.all_reduce(shared)
+
+    warm()
+    pieces = [np.zeros(count, f64) for _ in range(size)]
+    sc.all_gather(pieces, inputs[rank][:count])
+    for q in range(size):
+        assert_same_bits(pieces[q], inputs[q][:count], f"all_gather piece {q}")
+
+    warm()
+    out = np.zeros(count, f64)
+    sc.reduce_scatter(out, [inputs[rank][q * count:(q + 1) * count].copy() for q in range(size)])
+    want = sum(inputs[r][rank * count:(rank + 1) * count] for r in range(size))
+    np.testing.assert_allclose(out, want, rtol=1e-12, err_msg="reduce_scatter")
+
+    warm()
+    gl = [np.zeros(count, f64) for _ in range(size)] if rank == 0 else None
+    sc.gather(inputs[rank][:count], gl, dst=0)
+    if rank == 0:
+        for q in range(size):
+            assert_same_bits(gl[q], inputs[q][:count], f"gather piece {q}")
+
+    warm()
+    sl = [inputs[0][q * count:(q + 1) * count].copy() for q in range(size)] if rank == 0 else None
+    got = np.zeros(count, f64)
+    sc.scatter(got, sl, src=0)
+    assert_same_bits(got, inputs[0][rank * count:(rank + 1) * count], "scatter")
+
+    warm()
+    outs = [np.zeros(count, f64) for _ in range(size)]
+    sc.all_to_all(outs, [inputs[rank][q * count:(q + 1) * count].copy() for q in range(size)])
+    for q in range(size):
+        assert_same_bits(outs[q], inputs[q][rank * count:(rank + 1) * count], f"all_to_all from {q}")
+    return True
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("cma", ["0", None, "1024"])
+@pytest.mark.parametrize("world", [2, 3])
+def test_list_forms_after_a_call_on_shared_memory(world, cma):
+    env = {} if cma is None else {"SHMCOMM_CMA_BYTES": cma}
+    for count in (1, 40_000):  # one element; 312 KiB pieces (single-copy size by default)
+        assert all(run_ranks(_list_forms_after_a_shared_array_call, world, count, env=env, timeout=100))
+
+
+# ---- a late peer and a timed-out rank's shared arrays ----------------------------------------
+def _late_peer_and_shared_arrays(rank, size, kind):
+    """Rank 1 times out on a zero-copy collective and reuses its sc.empty arrays; rank 0 arrives
+    late. Rank 0 used to write its result straight into them (half of an all_reduce, all of an
+    all_gather_into) through the shared heap, with nothing published to withdraw."""
+    n = 1 << 20
+    if kind == "all_gather_into":
+        target, source = sc.empty(n * size, np.float32), np.ones(n, np.float32)
+    else:
+        target = source = sc.empty(n, np.float32)
+    target[...] = 1
+
+    def call():
+        if kind == "all_reduce":
+            sc.all_reduce(source)
+        elif kind == "reduce":
+            sc.reduce(source, dst=1)
+        else:
+            sc.all_gather_into(target, source)
+
+    if rank == 1:
+        try:
+            call()
+        except sc.CommTimeoutError:
+            pass
+        else:
+            raise AssertionError("rank 1's call did not time out")
+        target[...] = 0  # the user reuses the arrays
+        time.sleep(2.5)  # rank 0 runs its call meanwhile
+        assert not target.any(), f"{np.count_nonzero(target)} elements written by a late peer"
+        return True
+    time.sleep(1.5)
+    try:
+        call()
+    except sc.ShmcommError as exc:
+        return type(exc).__name__
+    raise AssertionError("rank 0's call with a failed peer succeeded")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("cma", ["0", None])
+@pytest.mark.parametrize("kind", ["all_reduce", "reduce", "all_gather_into"])
+def test_a_late_peer_never_writes_into_a_timed_out_ranks_shared_arrays(kind, cma):
+    env = {"SHMCOMM_TIMEOUT": 1.0} | ({} if cma is None else {"SHMCOMM_CMA_BYTES": cma})
+    err, ok = run_ranks(_late_peer_and_shared_arrays, 2, kind, env=env)
+    assert ok and err in ("PeerFailureError", "CommTimeoutError")
+
+
+# ---- a killed peer's lease -------------------------------------------------------------------
+def _killed_mid_broadcast(rank, size, root, delay, stamp_file):
+    """Rank 1 is SIGKILLed at a random moment of a loop of large single-copy broadcasts. Its
+    lease on rank 0's memory used to stay counted, so rank 0 waited the whole timeout (20 s
+    here) before raising; now it must raise at once."""
+    import threading
+
+    x = np.ones(64 << 20, np.float32)  # 256 MiB
+    if rank == 1:
+        def die():
+            with open(stamp_file, "w") as f:
+                f.write(repr(time.monotonic()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        threading.Timer(delay, die).start()
+    try:
+        while True:
+            sc.broadcast(x, src=root)
+    except sc.ShmcommError as exc:
+        return time.monotonic(), type(exc).__name__
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_peers_lease_does_not_stall_the_survivor(tmp_path):
+    rng = random.Random(29)
+    for trial in range(3 if ASAN else 6):
+        stamp = tmp_path / f"died-{trial}"
+        root = trial % 2
+        results = run_ranks(_killed_mid_broadcast, 2, root, rng.uniform(0.05, 0.5), str(stamp),
+                            env={"SHMCOMM_TIMEOUT": 20.0}, expect_dead=(1,), timeout=60)
+        raised_at, error = results[0]
+        late = raised_at - float(stamp.read_text())
+        assert late < 2.0, f"trial {trial} (root {root}): rank 0 raised {error} {late:.1f} s after rank 1 died"
+
+
+# ---- fuzz: synchronous and async calls of every kind, on private and shared memory ------------
+SIZES = (0, 1, 7, 1000, 40_000, 100_003)  # up to 400 KB of float32: every path at 256 KiB single copy
+FUZZ_DTYPES = (np.dtype(np.float32), np.dtype(np.int32))
+
+
+def _fuzz_step(rank, size, rng, mine, pools, step):
+    """Issue one random collective (every rank draws the same one from ``rng``; ``mine`` picks
+    this rank's memory). Returns (Work or None, check(), whether it uses the shared pools)."""
+    from reference import reduce_reference
+
+    kind = rng.choice(["all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into", "gather",
+                       "scatter", "reduce_scatter", "reduce_scatter_into", "all_to_all",
+                       "all_to_all_single", "barrier"])
+    dtype, count = rng.choice(FUZZ_DTYPES), rng.choice(SIZES)
+    op, root, async_op = rng.choice(["SUM", "MAX"]), rng.randrange(size), rng.random() < 0.5
+    shared = rng.random() < 0.6 if rng.random() < 0.7 else mine.random() < 0.6
+    inputs = [make_input(dtype, count * size, r, salt=step) for r in range(size)]
+    pool_in, pool_out = pools[dtype]
+
+    def place(values, pool):  # the values in the shared pool (same offset on every rank) or private
+        if not shared:
+            return values.copy()
+        view = pool[:values.size]
+        view[...] = values
+        return view
+
+    ours = inputs[rank]
+    piece = [x[rank * count:(rank + 1) * count] for x in inputs]  # rank r's piece for this rank
+    red_op = getattr(sc.ReduceOp, op)
+    what = f"step {step}: {kind} {dtype} count={count} op={op} root={root} async={async_op} shared={shared}"
+    if kind in ("all_reduce", "reduce"):
+        x = place(ours, pool_in)
+        want = reduce_reference(inputs, op)
+        work = sc.all_reduce(x, op=red_op, async_op=async_op) if kind == "all_reduce" else \
+            sc.reduce(x, dst=root, op=red_op, async_op=async_op)
+        check = lambda: assert_same_bits(x, want if kind == "all_reduce" or rank == root else ours, what)
+    elif kind == "broadcast":
+        x = place(ours, pool_in)
+        work = sc.broadcast(x, src=root, async_op=async_op)
+        check = lambda: assert_same_bits(x, inputs[root], what)
+    elif kind in ("all_gather", "gather"):
+        x = place(ours[:count], pool_in)
+        outs = [np.full(count, 3, dtype) for _ in range(size)] if kind == "all_gather" or rank == root else None
+        work = sc.all_gather(outs, x, async_op=async_op) if kind == "all_gather" else \
+            sc.gather(x, outs, dst=root, async_op=async_op)
+        check = lambda: outs is None or [assert_same_bits(outs[q], inputs[q][:count], what) for q in range(size)]
+    elif kind == "all_gather_into":
+        out = place(np.full(count * size, 3, dtype), pool_out)
+        work = sc.all_gather_into(out, ours[:count], async_op=async_op)
+        check = lambda: assert_same_bits(out, np.concatenate([x[:count] for x in inputs]), what)
+    elif kind == "scatter":
+        out = place(np.full(count, 3, dtype), pool_out)
+        parts = [inputs[root][q * count:(q + 1) * count].copy() for q in range(size)] if rank == root else None
+        work = sc.scatter(out, parts, src=root, async_op=async_op)
+        check = lambda: assert_same_bits(out, piece[root], what)
+    elif kind in ("reduce_scatter", "reduce_scatter_into"):
+        out = np.full(count, 3, dtype)
+        want = reduce_reference(piece, op)
+        if kind == "reduce_scatter":
+            work = sc.reduce_scatter(out, [ours[q * count:(q + 1) * count].copy() for q in range(size)],
+                                     op=red_op, async_op=async_op)
+        else:
+            work = sc.reduce_scatter_into(out, place(ours, pool_in), op=red_op, async_op=async_op)
+        check = lambda: assert_same_bits(out, want, what)
+    elif kind in ("all_to_all", "all_to_all_single"):
+        want = np.concatenate(piece)
+        if kind == "all_to_all":
+            outs = [np.full(count, 3, dtype) for _ in range(size)]
+            work = sc.all_to_all(outs, [ours[q * count:(q + 1) * count].copy() for q in range(size)],
+                                 async_op=async_op)
+            check = lambda: assert_same_bits(np.concatenate(outs), want, what)
+        else:
+            out = place(np.full(count * size, 3, dtype), pool_out)
+            work = sc.all_to_all_single(out, place(ours, pool_in) if not shared else ours.copy(),
+                                        async_op=async_op)
+            check = lambda: assert_same_bits(out, want, what)
+    else:
+        work = sc.barrier(async_op=async_op)
+        check = lambda: None
+    return work, check, shared
+
+
+def _fuzz_sync_and_async(rank, size, seed, steps):
+    rng, mine = random.Random(seed), random.Random(seed * 1000 + rank)
+    top = max(SIZES) * size
+    pools = {dtype: (sc.empty(top, dtype), sc.empty(top, dtype)) for dtype in FUZZ_DTYPES}
+    pending = []  # (work, check, shared), oldest first
+
+    def settle(keep):
+        while len(pending) > keep:
+            work, check, _ = pending.pop(0)
+            work.wait()
+            check()
+
+    for step in range(steps):
+        drain = rng.random() < 0.2  # drawn on every rank whatever its memory: the ranks stay in step
+        if drain or any(p[2] for p in pending):
+            settle(0)  # the pools are reused by the next op: nothing may still use them
+        work, check, shared = _fuzz_step(rank, size, rng, mine, pools, step)
+        if work is None:
+            check()
+        else:
+            pending.append((work, check, shared))
+            settle(4)
+    settle(0)
+    return True
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("cma", ["0", None, str(1 << 40)])  # single copy always, default, never
+@pytest.mark.parametrize("world", [2, 3])
+def test_fuzz_sync_and_async_calls_on_private_and_shared_memory(world, cma):
+    env = {} if cma is None else {"SHMCOMM_CMA_BYTES": cma}
+    steps = 40 if ASAN else 80
+    assert all(run_ranks(_fuzz_sync_and_async, world, 1000 * world + len(cma or ""), steps, env=env,
+                         timeout=240))
