@@ -24,12 +24,16 @@ from shmcomm.errors import (  # noqa: F401
 )
 from shmcomm.pickling import get_pickler, set_pickler  # noqa: F401
 from shmcomm.trust import ensure_inherited_secret
+from shmcomm import error_file
 
 __version__ = "0.1.0"  # the one place of the version (pyproject.toml reads it)
 
 # Processes this one starts (multiprocessing, subprocess) inherit the secret and so can prove
 # they belong to one job; see shmcomm.trust.
 ensure_inherited_secret()
+# A rank whose launcher asks tells it whether it failed for a reason of its own or because a peer
+# did, so that the launcher blames the root cause (shmcomm.error_file).
+error_file.install()
 
 _CORE_ERROR: ImportError | None
 try:

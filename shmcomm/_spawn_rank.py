@@ -1,8 +1,8 @@
 """One rank of ``sc.spawn``: ``python -m shmcomm._spawn_rank WORKDIR`` (the launcher sets RANK,
 WORLD_SIZE and the job's name and secret). Loads ``WORKDIR/call.pkl`` (fn, args, timeout), joins
 the default group, runs ``fn(rank, nprocs, *args)``, and leaves ``WORKDIR/rank<r>.pkl``:
-``("ok", value)`` or ``("error", exception or None, traceback text, time.time() of the failure,
-whether it is fallout of a peer's failure)``.
+``("ok", value)`` or ``("error", exception or None, traceback text)``; a failure also goes to the
+launcher's error file (shmcomm.error_file), so that it blames the root cause.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import pickle
 import sys
-import time
 import traceback
 
 
@@ -28,14 +27,14 @@ def _leave(workdir: str, rank: int, outcome: tuple) -> None:
 
 def _fail(workdir: str, rank: int, exc: BaseException) -> None:
     """Leave ``exc`` (or its text only, when even cloudpickle refuses it) as this rank's outcome."""
-    from shmcomm.errors import caused_by_peer
+    from shmcomm import error_file
 
+    error_file.record(exc)  # this rank handles its exceptions: no excepthook runs
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    when, fallout = time.time(), caused_by_peer(exc)
     try:
-        _leave(workdir, rank, ("error", exc, text, when, fallout))
+        _leave(workdir, rank, ("error", exc, text))
     except Exception:  # noqa: BLE001 - e.g. an exception holding a lock: its text only
-        _leave(workdir, rank, ("error", None, text, when, fallout))
+        _leave(workdir, rank, ("error", None, text))
 
 
 def main(workdir: str) -> int:
@@ -50,8 +49,8 @@ def main(workdir: str) -> int:
         try:
             value = fn(rank, nprocs, *args)
         except BaseException as exc:
-            # Left before the group is: the peers fail when this rank leaves it, and the caller
-            # must then find this rank's own exception, not only theirs.
+            # Left before the group is: the peers fail when this rank leaves it, and the launcher
+            # must then know this rank's failure as the cause of theirs.
             _fail(workdir, rank, exc)
             reported = True
             raise

@@ -30,12 +30,13 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 
 import psutil
 
-from shmcomm import __version__, segments, trust
+from shmcomm import __version__, error_file, segments, trust
 from shmcomm.cpus import cpu_domains, format_cpulist, usable_cores
 from shmcomm.launch_console import PROG, _Console, _Stream
 from shmcomm.node_link import Failure, NodeLink, link_key
@@ -46,6 +47,10 @@ __all__ = ["LaunchConfig", "parse_args", "rank_environment", "launch", "main", "
 EXIT_USAGE = 2  # what argparse uses for bad command lines
 TAIL_LINES = 20  # stderr lines of a failed rank repeated in the summary
 _POLL_S = 0.1  # fallback wake-up; SIGCHLD normally wakes the loop at once
+# When the first rank to fail failed only because a peer did (shmcomm.error_file), how long to
+# wait for that root cause to exit too: a rank leaves its groups, so its peers fail, before it
+# exits itself.
+_ROOT_CAUSE_WAIT_S = 2.0
 _DRAIN_S = 2.0  # how long to wait for the last output once every process is gone
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _PR_SET_CHILD_SUBREAPER = 36
@@ -350,10 +355,12 @@ def _threads(cfg: LaunchConfig, rank: int, plan: list[tuple[set[int], str]] | No
 
 def rank_environment(cfg: LaunchConfig, rank: int, job: str, port: int, attempt: int = 0,
                      base: dict[str, str] | None = None, secret: str | None = None,
-                     plan: list[tuple[set[int], str]] | None = None) -> dict[str, str]:
+                     plan: list[tuple[set[int], str]] | None = None,
+                     error_path: str | None = None) -> dict[str, str]:
     """The environment of ``rank``: ``base`` (default ``os.environ``) plus the torchrun variables
-    and, when given, the job's ``SHMCOMM_SECRET`` (one per attempt; see shmcomm.trust). ``plan``
-    is :func:`binding_plan`'s (computed when omitted), for ``OMP_NUM_THREADS``.
+    and, when given, the job's ``SHMCOMM_SECRET`` (one per attempt; see shmcomm.trust) and the
+    rank's ``TORCHELASTIC_ERROR_FILE`` (see shmcomm.error_file). ``plan`` is
+    :func:`binding_plan`'s (computed when omitted), for ``OMP_NUM_THREADS``.
 
     Example::
 
@@ -377,7 +384,9 @@ def rank_environment(cfg: LaunchConfig, rank: int, job: str, port: int, attempt:
     })
     if secret is not None:
         env[trust.SECRET_ENV] = secret
-    env.pop("TORCHELASTIC_ERROR_FILE", None)  # an outer launcher's file, not ours
+    env.pop(error_file.ENV, None)  # an outer launcher's file, not ours
+    if error_path is not None:
+        env[error_file.ENV] = error_path
     if "OMP_NUM_THREADS" not in env:
         if plan is None and cfg.bind_to in ("numa", "socket"):
             plan = binding_plan(cfg)
@@ -405,6 +414,8 @@ class _Rank:
     tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     stderr_shown: bool = True       # its stderr went to the console as it came
     stderr_log: str | None = None   # the log file of its stderr, if any
+    error_path: str = ""            # its TORCHELASTIC_ERROR_FILE
+    fallout: str | None = None      # failed only because a peer did: its exception's first line
 
     @property
     def returncode(self) -> int | None:
@@ -418,6 +429,7 @@ class _Outcome:
     launcher_signal: int | None = None
     stopped: list[int] = field(default_factory=list)  # ranks still running when the job was stopped
     remote: Failure | None = None  # the failure on another node that stopped this one
+    fallout: list[_Rank] = field(default_factory=list)  # failed before ``failed``, because of it
 
 
 def _streams_of(spec: int | dict[int, int], rank: int) -> int:
@@ -453,7 +465,10 @@ class _Supervisor:
         self.ranks: list[_Rank] = []
         self.sel = selectors.DefaultSelector()
         self.streams: dict[int, _Stream] = {}
-        self.failed: _Rank | None = None
+        self.failed: _Rank | None = None  # the root cause, once chosen
+        self.failures: list[_Rank] = []   # failed ranks in the order they exited, till then
+        self.blame_by: float | None = None  # when to blame the first failure, for want of a cause
+        self.error_dir = tempfile.mkdtemp(prefix="shmrun-errors-")  # mode 0700
         self.stopped: list[int] = []
         self.launcher_signal: int | None = None
         self.kill_at: float | None = None  # when the SIGTERMed ranks get SIGKILL
@@ -466,8 +481,9 @@ class _Supervisor:
         plan = binding_plan(self.cfg)
         self.sel.register(self.wakeup_r, selectors.EVENT_READ, None)
         for r in range(self.cfg.nproc):
+            error_path = os.path.join(self.error_dir, f"rank{r}.json")
             env = rank_environment(self.cfg, r, self.job, port, self.attempt, secret=self.secret,
-                                   plan=plan)
+                                   plan=plan, error_path=error_path)
             preexec = None
             if plan is not None:
                 # Pinned before exec, so every thread the rank ever starts inherits the mask.
@@ -494,7 +510,8 @@ class _Supervisor:
                                      f"cpus {format_cpulist(plan[r][0])}")
             err_log = self.logs.get((r, 2))
             rk = _Rank(r, proc, stderr_shown=_on_console(self.cfg, r, 2),
-                       stderr_log=err_log.path if err_log is not None else None)
+                       stderr_log=err_log.path if err_log is not None else None,
+                       error_path=error_path)
             self.ranks.append(rk)
             prefix = f"[{r}] ".encode() if self.cfg.prefix else b""
             for pipe, fd, tail in ((proc.stdout, 1, None), (proc.stderr, 2, rk.tail)):
@@ -507,8 +524,14 @@ class _Supervisor:
     # -- main loop ---------------------------------------------------------------------------
     def run(self) -> _Outcome:
         """Supervise until every rank has exited; returns the attempt's outcome."""
+        try:
+            return self._run()
+        finally:
+            shutil.rmtree(self.error_dir, ignore_errors=True)
+
+    def _run(self) -> _Outcome:
         code = self.spawn()
-        while any(rk.returncode is None for rk in self.ranks):
+        while any(rk.returncode is None for rk in self.ranks) or self._blame_pending():
             self._pump(_POLL_S)
             self._handle_signals()
             self._hear_other_nodes()
@@ -533,7 +556,7 @@ class _Supervisor:
             return _Outcome(self.remote.code, None, None, self.stopped, self.remote)
         if self.failed is not None:
             return _Outcome(_exit_code(self.failed.returncode), self.failed, self.launcher_signal,
-                            self.stopped)
+                            self.stopped, fallout=self.failures[:self.failures.index(self.failed)])
         if self.launcher_signal is not None:
             return _Outcome(128 + self.launcher_signal, None, self.launcher_signal)
         return _Outcome(0)
@@ -584,17 +607,39 @@ class _Supervisor:
                 self.killed = True
 
     def _reap_ranks(self) -> None:
+        """Note the ranks that exited; blame the first that failed for a reason of its own."""
         for rk in self.ranks:
             if rk.returncode is not None or rk.proc.poll() is None:
                 continue  # already handled, or still running
-            if rk.returncode != 0 and self.failed is None and self.kill_at is None:
-                self.failed = rk  # the first failure is the one reported; later ones are fallout
-                self.stop(signal.SIGTERM)
-                if self.link is not None:
-                    rank = self.cfg.node_rank * self.cfg.nproc + rk.rank
-                    self.link.report_failure(_exit_code(rk.returncode),
-                                             f"rank {rank} (pid {rk.proc.pid}) on node "
-                                             f"{self.cfg.node_rank} failed with {_how(rk.returncode)}")
+            if rk.returncode == 0 or self.failed is not None or self.kill_at is not None:
+                continue  # a success, or fallout of a failure already blamed or of a stop
+            rk.fallout = error_file.fallout(rk.error_path)
+            self.failures.append(rk)
+            if rk.fallout is None:
+                self._blame(rk)
+            elif self.blame_by is None:  # its cause may still be on its way out: wait for it
+                self.blame_by = time.monotonic() + _ROOT_CAUSE_WAIT_S
+        if self._blame_pending():
+            # One node: once every rank is out, no cause can come. Several: it may be on another
+            # node, whose news arrive through the link (_hear_other_nodes).
+            out = self.link is None and all(rk.returncode is not None for rk in self.ranks)
+            if out or time.monotonic() >= self.blame_by:
+                self._blame(self.failures[0])
+
+    def _blame_pending(self) -> bool:
+        """Whether ranks failed only because a peer did and the root cause is yet to come."""
+        return (bool(self.failures) and self.failed is None and self.remote is None
+                and self.kill_at is None)
+
+    def _blame(self, rk: _Rank) -> None:
+        """``rk`` is the root cause: stop the others, and tell the other nodes."""
+        self.failed = rk
+        self.stop(signal.SIGTERM)
+        if self.link is not None:
+            rank = self.cfg.node_rank * self.cfg.nproc + rk.rank
+            self.link.report_failure(_exit_code(rk.returncode),
+                                     f"rank {rank} (pid {rk.proc.pid}) on node "
+                                     f"{self.cfg.node_rank} failed with {_how(rk.returncode)}")
 
     def _hear_other_nodes(self) -> None:
         """A failure on another node stops this node's ranks too."""
@@ -806,6 +851,9 @@ def _summarize(console: _Console, outcome: _Outcome, cfg: LaunchConfig) -> None:
     if rk is None:
         return
     console.say(f"{_who(cfg, rk.rank)} (pid {rk.proc.pid}) failed with {_how(rk.returncode)}")
+    if outcome.fallout:
+        console.say(f"rank(s) {', '.join(str(o.rank) for o in outcome.fallout)} exited before it, "
+                    f"failing only because it had ({outcome.fallout[0].fallout})")
     if outcome.stopped:
         console.say(f"stopped the other running rank(s): {', '.join(map(str, outcome.stopped))}")
     if not rk.tail:

@@ -9,7 +9,6 @@ work although every rank is a fresh interpreter (the spawn start method, never f
 
 from __future__ import annotations
 
-import math
 import os
 import pickle
 import sys
@@ -105,48 +104,34 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: tuple = (), timeout: float 
             raise KeyboardInterrupt(f"sc.spawn: stopped every rank on "
                                     f"{launch._signal_name(outcome.launcher_signal)}")
         if outcome.code != 0:
-            _raise_failure(workdir, nprocs, outcome.failed)
+            _raise_failure(workdir, outcome.failed)
         return [_result(workdir, r)[1] for r in range(nprocs)]
 
 
 def _result(workdir: str, rank: int):
-    """What rank ``rank`` left: ("ok", value), ("error", exception or None, traceback text,
-    time of the failure, whether it is a peer's fallout), or None when it left nothing (it died
-    first)."""
+    """What rank ``rank`` left: ("ok", value), ("error", exception or None, traceback text), or
+    None when it left nothing (it died first)."""
     try:
         with open(os.path.join(workdir, f"rank{rank}.pkl"), "rb") as f:
             return pickle.load(f)
     except FileNotFoundError:
         return None
     except Exception as exc:  # noqa: BLE001 - e.g. a class the caller cannot import
-        # of unknown time: blamed only if no rank says when it failed
-        return ("error", None, f"its result could not be unpickled here: {exc!r}", math.inf, False)
+        return ("error", None, f"its result could not be unpickled here: {exc!r}")
 
 
-def _root_cause(workdir: str, nprocs: int, failed) -> int | None:
-    """The rank to blame: the first to fail for a reason of its own, not a peer's fallout
-    (``PeerFailureError``), whichever rank exited first; else the first rank to exit."""
-    own = {}
-    for r in range(nprocs):
-        left = _result(workdir, r)
-        if left is not None and left[0] == "error" and not left[4]:
-            own[r] = left[3]
-    if own:
-        return min(own, key=own.__getitem__)
-    return failed.rank if failed is not None else None
-
-
-def _raise_failure(workdir: str, nprocs: int, failed) -> None:
+def _raise_failure(workdir: str, failed) -> None:
+    """Raise what ``failed``, the rank the launcher blamed (the root cause), left."""
     from shmcomm import launch
 
-    rank = _root_cause(workdir, nprocs, failed)
-    left = _result(workdir, rank) if rank is not None else None
+    if failed is None:
+        raise ShmcommError("the ranks could not be started; see the message above")
+    rank = failed.rank
+    left = _result(workdir, rank)
     if left is not None and left[0] == "error":
         exc, text = left[1], left[2]
         if isinstance(exc, BaseException):
             raise exc from RemoteTraceback(rank, text)
         raise ShmcommError(f"rank {rank} failed:\n{text}")
-    if failed is None:
-        raise ShmcommError("the ranks could not be started; see the message above")
     raise ShmcommError(f"rank {rank} failed with {launch._how(failed.returncode)} without a Python exception "
                        "(killed by a signal, or os._exit); see its output above")

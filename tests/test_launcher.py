@@ -194,6 +194,32 @@ def test_failing_rank_stops_the_others(pid_dir):
     assert_all_dead(pids)
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("nproc", [2, 3])
+@pytest.mark.parametrize("how,code", [("exit", 3), ("raise", 1)])
+def test_the_root_cause_is_blamed_and_gives_the_exit_code(nproc, how, code):
+    """Rank 1 fails (sys.exit(3), or a ValueError) while the others wait for it in a collective:
+    they fail with PeerFailureError and often exit first. shmrun blames rank 1 and exits with its
+    code, every time; in every other run rank 1 lingers after leaving its group, so that the
+    others surely exit first. Two jobs at a time: quicker, and the load shuffles exit orders."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run(i: int) -> subprocess.CompletedProcess:
+        return shmrun("-n", str(nproc), "root_cause.py", how, *(["linger"] if i % 2 else []),
+                      timeout=60)
+
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(run, range(10)))
+    for i, res in enumerate(results):
+        linger = i % 2
+        said = [line for line in res.stderr.splitlines() if line.startswith(b"shmrun: ")]
+        assert res.returncode == code, (i, res.stderr.decode()[-3000:])
+        assert said[0].startswith(b"shmrun: rank 1 (pid ") and said[0].endswith(
+            b"failed with exit code %d" % code), (i, said)
+        if linger:
+            assert b"exited before it, failing only because it had (PeerFailureError: " in said[1], said
+
+
 @pytest.mark.timeout(30)
 def test_sigkilled_rank(pid_dir):
     res = shmrun("-n", "2", "--grace", "2", "fail_rank.py", str(pid_dir), "1", "0", "kill")
