@@ -106,6 +106,7 @@ cdef extern from "shm_engine.h" nogil:
     void shm_engine_release(shm_engine_t *e, int claim, int queued)
     int shm_engine_idle(shm_engine_t *e)
     int shm_engine_busy(shm_engine_t *e)
+    int shm_engine_held_here(shm_engine_t *e)
     uint64_t shm_engine_pending(shm_engine_t *e)
     void shm_engine_rest(shm_engine_t *e, uint64_t seen_issued, int deep, uint64_t doze_ns, uint64_t slice_ns)
 

@@ -73,6 +73,19 @@ cdef char *_grown(char **buf, size_t *cap, size_t nbytes, const char *what) exce
 
 _NESTED_CLOSE = "a process group cannot be destroyed from inside one of its own operations"
 
+# Set in a child made with os.fork() (or multiprocessing's "fork"): groups it inherited are its
+# parent's, and a call on one would run as the parent's rank. Checked with one load per call;
+# getpid() is compared only once a fork happened.
+cdef bint _forked = False
+
+
+def _note_fork():
+    global _forked
+    _forked = True
+
+
+os.register_at_fork(after_in_child=_note_fork)
+
 
 cdef class Communicator:
     """The compiled side of a process group (internal: use ``shmcomm.init_process_group``)."""
@@ -727,6 +740,15 @@ cdef class Communicator:
         cdef int claim, got, rc = 0
         cdef bint runs = timeout < 0
         cdef uint64_t deadline = 0
+        if target != NULL and capi.shm_engine_held_here(&self.engine) and not capi.shm_op_done(&target.state):
+            # This thread runs an op of the group (a ProcessGroup.run callable, a callback) and
+            # waits for one queued behind it: that one can only start after this one ends.
+            with gil:
+                raise ShmcommError(
+                    f"an operation running on group {self.job}.{self.part} (ProcessGroup.run, a torch "
+                    f"composite or a callback) waits for an async operation issued on the same group "
+                    f"after it, which can only start once the running one has ended: issue it with "
+                    f"async_op=False inside the operation, or wait for it outside")
         if not runs:
             deadline = capi.shm_now_ns() + <uint64_t>(timeout * 1e9)
             capi.shm_engine_kick(&self.engine)
@@ -773,6 +795,17 @@ cdef class Communicator:
                 capi.shm_engine_kick(&self.engine)  # what is left is the progress thread's (if it sleeps)
         return rc
 
+    cdef int _check_process(self) except -1:
+        """Refuse a call from a child forked from this rank's process: it would act as the
+        parent's rank, and its peers would get wrong data or none."""
+        if _forked and getpid() != self.owner_pid:
+            raise ShmcommError(
+                f"process group {self.job}.{self.part} belongs to process {self.owner_pid} (rank "
+                f"{self.rank}); this process ({getpid()}) is a child forked from it and cannot use "
+                f"it: join a group of its own in the child (init_process_group), or start children "
+                f"with multiprocessing's 'spawn' or 'forkserver' method")
+        return 0
+
     cdef _Call _open(self, bint async_op):
         """The _Call to fill for a new call: a fresh one for an async op; for a synchronous one the
         inline _Call, once this thread holds the engine (after everything issued before it ran)."""
@@ -780,6 +813,7 @@ cdef class Communicator:
         cdef int claim
         if self.closed:
             raise ValueError(f"process group {self.job}.{self.part} was destroyed")
+        self._check_process()
         if async_op:
             return Work._new(self)  # the Work is the call's own argument object
         claim = capi.shm_engine_claim_inline(&self.engine)

@@ -351,6 +351,7 @@ cdef class P2PEngine:
     cdef _check_open(self):
         if self.closed:
             raise ShmcommError("the process group was destroyed")
+        self.comm._check_process()
         if self.comm.hdr != NULL and capi.shm_load_acquire(&self.comm.hdr.abort_flag):
             raise AbortedError("the group was aborted")
 

@@ -177,6 +177,7 @@ cdef class RpcChannel:
             raise ValueError(f"at most {RPC_MAX_BUFFERS} buffers per frame, got {nbuf}")
         if self.comm.closed:
             raise ShmcommError("the RPC channel is closed")
+        self.comm._check_process()
         if self.gone[dst]:
             raise self._gone_error(dst, "send to")
         if timeout < 0:
@@ -302,6 +303,7 @@ cdef class RpcChannel:
             raise ShmcommError("RpcChannel.recv: another thread is receiving")
         if self.comm.closed:
             raise ShmcommError("the RPC channel is closed")
+        self.comm._check_process()
         self.receiving = True
         try:
             end = capi.shm_now_ns() + <uint64_t>(min(wait_s, 1e9) * 1e9) if wait_s >= 0 else 0

@@ -194,6 +194,12 @@ static inline void shm_engine_release(shm_engine_t *e, int claim, int queued) {
     if (__atomic_load_n(&e->deep, __ATOMIC_SEQ_CST) && shm_engine_pending(e)) shm_engine_kick(e);
 }
 
+/* Does the calling thread hold the engine (it runs a queued Python op, or a synchronous call)? */
+static inline int shm_engine_held_here(shm_engine_t *e) {
+    return __atomic_load_n(&e->busy, __ATOMIC_ACQUIRE) && __atomic_load_n(&e->owned, __ATOMIC_ACQUIRE)
+           && pthread_equal(e->owner, pthread_self());
+}
+
 static inline int shm_engine_busy(shm_engine_t *e) { return (int)__atomic_load_n(&e->busy, __ATOMIC_ACQUIRE); }
 
 static inline int shm_engine_idle(shm_engine_t *e) {
