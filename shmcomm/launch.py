@@ -23,6 +23,7 @@ import ctypes
 import errno
 import functools
 import os
+import re
 import secrets
 import selectors
 import shutil
@@ -58,12 +59,33 @@ _BIND_KINDS = ("none", "core", "numa", "socket")
 
 # Launcher options: those taking a value, and plain switches. The command line is split by hand at
 # the first token that is not one of these, so every later token (dashes included) is the program's.
-_VALUED = {"-n", "--nproc", "--nproc-per-node", "--nproc_per_node", "--bind-to", "--log-dir",
+_VALUED = {"-n", "-np", "--nproc", "--nproc-per-node", "--nproc_per_node", "--bind-to", "--log-dir",
            "--log_dir", "--max-restarts", "--max_restarts", "--grace", "--nnodes", "--node-rank",
            "--node_rank", "--master-addr", "--master_addr", "--master-port", "--master_port",
-           "-t", "--tee", "-r", "--redirects", "--local-ranks-filter", "--local_ranks_filter"}
-_SWITCHES = {"--no-prefix", "--timestamp-output", "--report-bindings", "--standalone", "-h",
-             "--help", "--version"}
+           "-t", "--tee", "-r", "--redirects", "--local-ranks-filter", "--local_ranks_filter", "-x"}
+_SWITCHES = {"--no-prefix", "--tag-output", "--timestamp-output", "--report-bindings",
+             "--standalone", "--oversubscribe", "--allow-run-as-root", "--no-python", "--no_python",
+             "-h", "--help", "--version"}
+
+# Other launchers' options that shmrun does not take: whose they are, and what to give instead.
+_STATIC = ("shmrun's rendezvous is static (torchrun's --rdzv-backend static): give every node "
+           "--nnodes M --node-rank K --master-addr HOST --master-port PORT")
+_ONE_MACHINE = ("shmrun starts ranks on this machine only: run one shmrun per machine with --nnodes "
+                "M --node-rank K --master-addr HOST --master-port PORT")
+_FOREIGN = {
+    **dict.fromkeys(("--rdzv-backend", "--rdzv_backend", "--rdzv-conf", "--rdzv_conf"),
+                    ("torchrun", _STATIC)),
+    **dict.fromkeys(("--rdzv-endpoint", "--rdzv_endpoint"),
+                    ("torchrun", "give --master-addr HOST --master-port PORT (node 0's), the same "
+                                 "on every node")),
+    **dict.fromkeys(("--rdzv-id", "--rdzv_id"),
+                    ("torchrun", "none is needed: the nodes' --master-port names the job")),
+    **dict.fromkeys(("--hostfile", "--machinefile", "-H", "--host"), ("mpirun", _ONE_MACHINE)),
+    **dict.fromkeys(("-npernode", "--npernode"), ("mpirun", "give -n N, the ranks of this node")),
+    "--map-by": ("mpirun", "give --bind-to core|numa|socket"),
+    "--mca": ("mpirun", "shmcomm's settings are SHMCOMM_* environment variables; -x NAME=VALUE "
+                        "sets one for the ranks"),
+}
 
 
 @dataclass
@@ -94,6 +116,7 @@ class LaunchConfig:
     tee: int | dict[int, int] = 0   # streams written to the console and the log
     redirects: int | dict[int, int] = 0  # streams written to the log only
     local_ranks_filter: frozenset[int] | None = None  # None: every rank's output on the console
+    env: dict[str, str] = field(default_factory=dict)  # set for every rank (-x NAME=VALUE)
 
 
 def _nproc_value(text: str) -> int | str:
@@ -105,6 +128,14 @@ def _nproc_value(text: str) -> int | str:
         raise argparse.ArgumentTypeError(
             f"invalid int value: {text!r} (a number of ranks, or 'auto' for one per usable core)"
         ) from None
+
+
+def _export_value(text: str) -> tuple[str, str | None]:
+    """mpirun's ``-x NAME`` or ``-x NAME=VALUE``: (NAME, VALUE or None)."""
+    name, eq, value = text.partition("=")
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected NAME or NAME=VALUE")
+    return name, value if eq else None
 
 
 def _streams_value(text: str) -> int | dict[int, int]:
@@ -149,9 +180,21 @@ def _build_parser() -> argparse.ArgumentParser:
         epilog="Everything after the script, module or program is passed to it untouched.",
         allow_abbrev=False,  # the hand-made split below must know every spelling of an option
     )
-    parser.add_argument("-n", "--nproc", "--nproc-per-node", "--nproc_per_node", dest="nproc",
+    parser.add_argument("-n", "-np", "--nproc", "--nproc-per-node", "--nproc_per_node", dest="nproc",
                         type=_nproc_value, metavar="N", required=True,
                         help="number of ranks to start on this node; 'auto': one per usable core")
+    parser.add_argument("--oversubscribe", action="store_true",
+                        help="accepted as mpirun takes it; shmrun never refuses more ranks than "
+                             "cores")
+    parser.add_argument("--allow-run-as-root", action="store_true",
+                        help="accepted as mpirun takes it; shmrun runs as any user")
+    parser.add_argument("-x", dest="export", type=_export_value, action="append", default=[],
+                        metavar="NAME[=VALUE]",
+                        help="set NAME=VALUE for every rank (mpirun's); a bare NAME passes this "
+                             "shell's value on, as every variable is anyway")
+    parser.add_argument("--no-python", "--no_python", dest="no_python", action="store_true",
+                        help="run script.py as a program (by its #! line), not under this Python "
+                             "(torchrun's)")
     parser.add_argument("--standalone", action="store_true",
                         help="one node on localhost with a free port (torchrun's spelling; the "
                              "default without --nnodes)")
@@ -162,6 +205,9 @@ def _build_parser() -> argparse.ArgumentParser:
                         help="print each rank's CPU set when it starts")
     parser.add_argument("--no-prefix", dest="prefix", action="store_false",
                         help="do not prefix output lines with [rank]")
+    parser.add_argument("--tag-output", dest="prefix", action="store_const", const=True,
+                        default=True,
+                        help="prefix output lines with [rank] (mpirun's spelling; the default)")
     parser.add_argument("--timestamp-output", dest="timestamp", action="store_true",
                         help="prefix output lines with the time they were shown")
     parser.add_argument("--local-ranks-filter", "--local_ranks_filter", dest="local_ranks_filter",
@@ -237,6 +283,11 @@ def parse_args(argv: list[str] | None = None) -> LaunchConfig:
     opts, module, program = _split_argv(argv)
     if opts and opts[-1] == "-m":
         parser.error("-m needs a module name")
+    for tok in opts:
+        name = tok.split("=", 1)[0]
+        if name in _FOREIGN:
+            whose, instead = _FOREIGN[name]
+            parser.error(f"{name} is {whose}'s; shmrun does not take it: {instead}")
     ns = parser.parse_args(opts)
     if ns.nproc == "auto":
         ns.nproc = len(usable_cores())
@@ -274,21 +325,28 @@ def parse_args(argv: list[str] | None = None) -> LaunchConfig:
     if module is not None:
         if not module:
             parser.error("-m needs a module name")
+        if ns.no_python:
+            parser.error("--no-python runs a program directly, so it cannot run a module (-m); "
+                         "drop one of them")
         command = [sys.executable, "-m", module, *program]
     elif not program:
         parser.error("no program given: expected script.py, -m module, or a program")
     else:
-        command = _resolve_program(parser, program)
+        command = _resolve_program(parser, program, ns.no_python)
     return LaunchConfig(nproc=ns.nproc, command=command, bind_to=ns.bind_to, prefix=ns.prefix,
                         log_dir=ns.log_dir, max_restarts=ns.max_restarts, grace=ns.grace,
                         nnodes=ns.nnodes, node_rank=ns.node_rank,
                         master_addr=ns.master_addr or "127.0.0.1", master_port=ns.master_port,
                         timestamp=ns.timestamp, report_bindings=ns.report_bindings, tee=ns.tee,
-                        redirects=ns.redirects, local_ranks_filter=ns.local_ranks_filter)
-def _resolve_program(parser: argparse.ArgumentParser, program: list[str]) -> list[str]:
+                        redirects=ns.redirects, local_ranks_filter=ns.local_ranks_filter,
+                        env={name: value for name, value in ns.export if value is not None})
+
+
+def _resolve_program(parser: argparse.ArgumentParser, program: list[str],
+                     no_python: bool = False) -> list[str]:
     # Checked here, once, so a typo is one clear message instead of N identical rank failures.
     target, args = program[0], program[1:]
-    if target.endswith(".py"):
+    if target.endswith(".py") and not no_python:
         if not os.path.isfile(target):
             parser.error(f"script not found: {target}")
         return [sys.executable, target, *args]
@@ -298,7 +356,8 @@ def _resolve_program(parser: argparse.ArgumentParser, program: list[str]) -> lis
         if not os.access(target, os.X_OK):
             parser.error(f"program is not executable: {target}")
     elif shutil.which(target) is None:
-        parser.error(f"program not found on PATH: {target}")
+        here = f" (./{target} for the one here)" if os.path.isfile(target) else ""
+        parser.error(f"program not found on PATH: {target}{here}")
     return [target, *args]
 
 
@@ -368,6 +427,7 @@ def rank_environment(cfg: LaunchConfig, rank: int, job: str, port: int, attempt:
         env["RANK"], env["WORLD_SIZE"], env["SHMCOMM_JOB"]  # '1', '2', 'job-1'
     """
     env = dict(os.environ if base is None else base)
+    env.update(cfg.env)
     n = cfg.nproc
     world, global_rank = n * cfg.nnodes, cfg.node_rank * n + rank  # ``rank`` is the local rank
     env.update({

@@ -806,6 +806,48 @@ def test_torchrun_spellings_parse():
 
 
 @pytest.mark.timeout(30)
+def test_mpirun_habits_run(tmp_path):
+    """-np, -x NAME=VALUE (over a variable set "unless set"), --tag-output, and --oversubscribe
+    with more ranks than cores, which shmrun never refuses anyway."""
+    nproc = len(os.sched_getaffinity(0)) + 2
+    res = shmrun("-np", str(nproc), "--oversubscribe", "--allow-run-as-root", "--no-prefix",
+                 "--tag-output", "-x", "GREETING=hello world", "-x", "OMP_NUM_THREADS=5", "-x", "HOME",
+                 "sh", "-c", 'echo "$RANK $GREETING $OMP_NUM_THREADS"')
+    assert res.returncode == 0, res.stderr
+    assert by_rank(res.stdout) == {r: [b"%d hello world 5" % r] for r in range(nproc)}
+
+
+@pytest.mark.timeout(30)
+def test_no_python_runs_a_py_file_as_a_program(tmp_path):
+    tool = tmp_path / "tool.py"
+    tool.write_text("#!/bin/sh\necho \"run by sh: $1\"\n")  # not Python: a SyntaxError there
+    tool.chmod(0o755)
+    res = shmrun("-n", "1", "--no-python", str(tool), "x")
+    assert res.returncode == 0, res.stderr
+    assert by_rank(res.stdout) == {0: [b"run by sh: x"]}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--rdzv-backend", "c10d"], "--rdzv-backend is torchrun's; shmrun does not take it: shmrun's "
+                                 "rendezvous is static"),
+    (["--rdzv_endpoint=node0:29400"], "give --master-addr HOST --master-port PORT"),
+    (["--rdzv-id", "42"], "the nodes' --master-port names the job"),
+    (["--hostfile", "hosts"], "--hostfile is mpirun's; shmrun does not take it: shmrun starts ranks "
+                              "on this machine only"),
+    (["--map-by", "core"], "give --bind-to core|numa|socket"),
+    (["--mca", "btl", "self"], "-x NAME=VALUE sets one"),
+    (["-x", "1BAD=2"], "expected NAME or NAME=VALUE"),
+    (["--no-python", "-m", "http.server"], "--no-python runs a program directly"),
+])
+def test_other_launchers_options_are_refused_naming_shmruns(capsys, args, message):
+    from shmcomm.launch import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["-n", "2", *args, "true"])
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.timeout(30)
 @pytest.mark.parametrize("flags, console_out, console_err", [
     (["--redirects", "1"], [], [0, 1]),
     (["-r", "3", "-t", "0:2"], [], [0]),             # tee wins over redirect: rank 0's stderr
