@@ -582,8 +582,8 @@ def _subgroup(parent: ProcessGroup, members: list[int], timeout: float | None,
 def _one_node_subgroup(parent: ProcessGroup, members: list[int], index: int,
                        timeout: float | None) -> ProcessGroup:
     job = parent._comm.job
-    comm = _core.Communicator(job, f"g{index}", members.index(parent.rank), len(members),
-                              float(timeout or parent._comm.timeout))
+    comm = _core.Communicator(job, parent._comm.derived_part(f"g{index}"), members.index(parent.rank),
+                              len(members), float(timeout or parent._comm.timeout))
     return ProcessGroup(comm, members, f"{job}.g{index}")
 
 

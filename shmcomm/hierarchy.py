@@ -695,7 +695,8 @@ class HierarchicalGroup(ProcessGroup):
         store, key, label, secret, secret_fn = self._meeting
         nodes = {self.topology.node_of[g] for g in members}
         if len(nodes) == 1:  # a part of this node's shared memory job, under its secret
-            comm = _core.Communicator(self.node._comm.job, f"g{index}", members.index(self.rank),
+            comm = _core.Communicator(self.node._comm.job, self.node._comm.derived_part(f"g{index}"),
+                                      members.index(self.rank),
                                       len(members), timeout, secret=secret)
             return ProcessGroup(comm, members, f"{self.node._comm.job}.g{index}")
         sub = build(store, members.index(self.rank), len(members), timeout, f"{key}/g{index}",

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from shmcomm.errors import UntrustedFileError
 
 __all__ = ["SECRET_ENV", "UntrustedFileError", "Credentials", "credentials", "new_secret",
-           "ensure_inherited_secret", "given_secret", "process_identity", "problem", "check_file", "open_checked",
+           "ensure_inherited_secret", "given_secret", "private_part", "process_identity", "problem", "check_file", "open_checked",
            "open_private_output", "describe_owner",
            "foreign_job_error"]
 
@@ -119,6 +119,23 @@ def credentials(secret: str | bytes | None = None) -> Credentials:
         self_made = made is not None and int(made.group(1)) == os.getpid()
     raw = secret.encode() if isinstance(secret, str) else bytes(secret)
     return Credentials(hashlib.sha256(b"shmcomm-secret\0" + raw).digest(), self_made)
+
+
+def private_part(job: str, part: str) -> str:
+    """The segment part to use for ``part`` of ``job`` when its ranks meet by name alone (RPC's
+    group): with a secret a person or launcher handed every rank, ``part`` plus a suffix keyed by
+    it, which nobody outside the job can compute and plant first; else ``part`` as it is.
+
+    Example::
+
+        os.environ["SHMCOMM_SECRET"] = "s3cret"; private_part("job-42", "rpc")   # 'rpc.5be1...'
+    """
+    secret = given_secret()
+    if secret is None:
+        return part
+    key = hashlib.sha256(b"shmcomm-name\0" + secret.encode()).digest()
+    suffix = hashlib.blake2s(f"{job}\0{part}".encode(), key=key, digest_size=8).hexdigest()
+    return f"{part}.{suffix}"
 
 
 def process_identity(pid: int) -> tuple[int, int] | None:

@@ -52,6 +52,7 @@ cdef extern from "shm_layout.h" nogil:
         uint64_t cma_bytes
         uint8_t tag[32]
         uint32_t self_made
+        uint64_t name_salt
 
     ctypedef struct shm_heap_header_t:
         uint64_t magic

@@ -248,6 +248,7 @@ cdef class Communicator:
             self.hdr.small_bytes = self.small_bytes
             self.hdr.cma_bytes = cma_bytes
             self.hdr.nonce = int.from_bytes(os.urandom(8), "little")
+            self.hdr.name_salt = int.from_bytes(os.urandom(8), "little")
             _copy_text(self.hdr.job, self.job, 127)
             _copy_text(self.hdr.boot_id, boot, 63)
             _copy_text(self.hdr.hostname, host, 63)
@@ -990,7 +991,9 @@ cdef class Communicator:
         The segment starts with a header page (magic, a random nonce, the job's tag) that the
         Segment's buffer leaves out; rank 0 also publishes the nonce in its descriptor, which
         lives in the trusted group segment, so a file planted under the heap's name (even one
-        of ours, from another job) is refused, never mapped as this group's memory."""
+        of ours, from another job) is refused, never mapped as this group's memory. The nonce is
+        part of the name too: nobody watching /dev/shm can plant the next heap's name ahead of
+        rank 0 and so stop the job."""
         from shmcomm.segments import segment_name
         cdef size_t stride = _align_up(max(nbytes_per_rank, 1), 4096)
         cdef size_t total = SHM_HEADER_BYTES + stride * self.size
@@ -1001,18 +1004,18 @@ cdef class Communicator:
         try:
             self._begin(b"empty")
             self.heap_count += 1
-            part = f"{self.part}.h{self.heap_count}"
-            name = segment_name(self.job, part)
-            tag = self.creds.tag(self.job, part)
             failed = None  # rank 0's error creating the segment: every rank raises its cause
             if self.rank == 0:
+                nonce = int.from_bytes(os.urandom(8), "little")
+                part = f"{self.part}.h{self.heap_count}.{nonce:016x}"
+                name = segment_name(self.job, part)
+                tag = self.creds.tag(self.job, part)
                 try:
                     seg = Segment.create(name, total)
                 except (ShmcommError, OSError) as e:
                     failed = e
                 else:
                     hh = <capi.shm_heap_header_t *>seg.base
-                    nonce = int.from_bytes(os.urandom(8), "little")
                     hh.nonce = nonce
                     memcpy(hh.tag, <char *>tag, 32)
                     hh.magic = SHM_HEAP_MAGIC
@@ -1034,6 +1037,9 @@ cdef class Communicator:
                         f"bytes in /dev/shm ({self.cb(0).desc[self.step & 1][6]} bytes free; see "
                         f"rank 0's error; enlarge /dev/shm, e.g. docker --shm-size)")
                 if self.rank != 0:
+                    nonce = self.cb(0).desc[self.step & 1][7]
+                    part = f"{self.part}.h{self.heap_count}.{nonce:016x}"
+                    name = segment_name(self.job, part)
                     try:
                         seg = Segment.attach(name)
                     except ShmcommError as e:
@@ -1041,8 +1047,11 @@ cdef class Communicator:
                         raise self._fail(e) from None
                     hh = <capi.shm_heap_header_t *>seg.base if seg is not None else NULL
                     if hh == NULL or seg.size != total or hh.magic != SHM_HEAP_MAGIC \
-                            or hh.nonce != self.cb(0).desc[self.step & 1][7] \
-                            or (<char *>hh.tag)[:32] != tag:
+                            or hh.nonce != nonce \
+                            or not self.creds.accepts((<char *>hh.tag)[:32], self.hdr.self_made,
+                                                      self.job, part):
+                        # (the group's rule: ranks started by hand, each with a secret of its
+                        # own, share the job name and now rank 0's nonce)
                         from shmcomm.trust import UntrustedFileError
                         self.abort()
                         raise self._fail(UntrustedFileError(
@@ -1086,6 +1095,19 @@ cdef class Communicator:
         for r in range(self.size):
             capi.shm_futex_wake_all(&self.cb(r).seq)
             capi.shm_futex_wake_all(&self.cb(r).bell)
+
+    def derived_part(self, str what):
+        """The segment part (name) of something made through this group, e.g. sub-group ``g3``:
+        ``what`` plus a suffix from the group's random salt, which only its members can read, so
+        nobody watching /dev/shm can plant the name first.
+
+        Example::
+
+            comm.derived_part("g3")   # 'g3.9f0c2a71d4e6b580'
+        """
+        import hashlib
+        salt = self.hdr.name_salt.to_bytes(8, "little")
+        return f"{what}.{hashlib.blake2s(what.encode(), key=salt, digest_size=8).hexdigest()}"
 
     def is_aborted(self):
         return self.hdr != NULL and capi.shm_load_acquire(&self.hdr.abort_flag) != 0

@@ -38,6 +38,9 @@ typedef struct {
     uint64_t cma_bytes;      /* 328 */
     uint8_t tag[32];         /* 336: the job's tag (shmcomm.trust.Credentials.tag): whose segment this is */
     uint32_t self_made;      /* 368: the creator made its secret up (ranks started by hand) */
+    uint32_t pad_a;          /* 372 */
+    uint64_t name_salt;      /* 376: random; names of the segments made through this group
+                                (sub-groups) derive from it, so nobody outside can plant them */
 } shm_header_t;
 
 /* Header page of an sc.empty / RPC heap segment; the ranks' data follows at SHM_HEADER_BYTES. */

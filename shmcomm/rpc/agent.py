@@ -40,7 +40,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from shmcomm import _core, objects
+from shmcomm import _core, objects, trust
 from shmcomm.errors import CommTimeoutError, PeerFailureError, ShmcommError, future_error
 from shmcomm.rpc.functions import is_async_execution
 from shmcomm.rpc.serialization import (dumps_call, dumps_value, loads_call, loads_value,
@@ -182,7 +182,7 @@ class Agent:
         self.rank, self.size, self.job = rank, world_size, job
         self._pid = os.getpid()
         self.rpc_timeout = 0.0 if rpc_timeout == float("inf") else rpc_timeout
-        self._comm = _core.Communicator(job, "rpc", rank, world_size, timeout)
+        self._comm = _core.Communicator(job, trust.private_part(job, "rpc"), rank, world_size, timeout)
         try:
             names: list = [None] * world_size
             objects.all_gather_object(self._comm, names, name)
