@@ -274,3 +274,61 @@ def test_fuzz_sync_and_async_calls_on_private_and_shared_memory(world, cma):
     steps = 40 if ASAN else 80
     assert all(run_ranks(_fuzz_sync_and_async, world, 1000 * world + len(cma or ""), steps, env=env,
                          timeout=240))
+
+
+# ---- fuzz: a rank SIGKILLed in the middle of anything ------------------------------------------
+def _killed_anywhere(rank, size, seed, victim, delay, stamp_file):
+    """Every rank loops over a random mix of async and synchronous collectives on private and
+    shared memory and point-to-point exchanges; ``victim`` is SIGKILLed after ``delay`` s.
+    Returns when and what the survivor raised."""
+    import threading
+
+    rng = random.Random(seed)
+    shared = sc.empty(1 << 20, np.float32)
+    private = np.ones(1 << 20, np.float32)
+    if rank == victim:
+        def die():
+            with open(stamp_file, "w") as f:
+                f.write(repr(time.monotonic()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        threading.Timer(delay, die).start()
+    try:
+        while True:
+            kind, count = rng.randrange(5), rng.choice((1, 1000, 100_000, 1 << 20))
+            if kind == 0:
+                works = [sc.all_reduce(shared[:count], async_op=True) for _ in range(rng.randrange(1, 4))]
+                for w in works:
+                    w.wait()
+            elif kind == 1:
+                sc.broadcast(private[:count], src=rng.randrange(size))
+            elif kind == 2:
+                sc.all_gather_into(shared[:count - count % size], private[:count // size])
+            elif kind == 3:
+                got = np.empty(count, np.float32)
+                recv = sc.irecv(got, src=(rank - 1) % size)
+                sc.isend(private[:count], dst=(rank + 1) % size).wait()
+                recv.wait()
+            else:
+                sc.reduce_scatter_into(private[:count // size], shared[:count - count % size],
+                                       async_op=True).wait()
+    except sc.ShmcommError as exc:
+        return time.monotonic(), f"{type(exc).__name__}: {exc}"[:300]
+
+
+@pytest.mark.timeout(600)
+def test_every_survivor_of_a_killed_rank_raises_within_two_seconds(tmp_path):
+    trials = int(os.environ.get("SHMCOMM_KILL_TRIALS", 4 if ASAN else 12))
+    rng = random.Random(2929)
+    for trial in range(trials):
+        size = rng.choice((2, 3, 4))
+        victim = rng.randrange(size)
+        stamp = tmp_path / f"died-{trial}"
+        results = run_ranks(_killed_anywhere, size, trial, victim, rng.uniform(0.05, 0.8), str(stamp),
+                            env={"SHMCOMM_TIMEOUT": 30.0}, expect_dead=(victim,), timeout=120)
+        died = float(stamp.read_text())
+        for r, result in enumerate(results):
+            if r != victim:
+                raised_at, error = result
+                assert raised_at - died < 2.0, \
+                    f"trial {trial} ({size} ranks, rank {victim} killed): rank {r} raised " \
+                    f"{raised_at - died:.1f} s after: {error}"
