@@ -152,11 +152,12 @@ cdef class RpcChannel:
 
     # ---- sending ------------------------------------------------------------------------------
     def send(self, int dst, int kind, uint64_t req_id, uint64_t flags, bytes data not None,
-             list buffers=None, double timeout=-1.0):
+             list buffers=None, double timeout=-1.0, bint only_if_room=False):
         """Send one frame to ``dst``: ``data`` then each buffer of ``buffers`` (contiguous
-        buffer-protocol objects). Returns once the whole frame is in shared memory. Raises
+        buffer-protocol objects). Returns True once the whole frame is in shared memory. Raises
         PeerFailureError if ``dst`` is gone, CommTimeoutError if not a byte could be written
-        within ``timeout`` seconds (< 0: the group timeout)."""
+        within ``timeout`` seconds (< 0: the group timeout). With ``only_if_room`` it never
+        waits: False (nothing written) unless the channel is free and the frame fits now."""
         cdef int nbuf = len(buffers) if buffers is not None else 0
         cdef int i, rc, nparts = 2 + nbuf
         cdef Py_buffer *views = NULL
@@ -169,6 +170,7 @@ cdef class RpcChannel:
         cdef size_t total
         cdef capi.shm_ring_t *ring
         cdef int got = 0
+        cdef bint fits
         if not 0 <= dst < self.size or dst == self.rank:
             raise ValueError(f"dst must be another rank in [0, {self.size}), got {dst}")
         if not 0 <= kind < 256:
@@ -206,6 +208,8 @@ cdef class RpcChannel:
             ptrs[1], lens[1] = PyBytes_AS_STRING(data), <size_t>PyBytes_GET_SIZE(data)
             lock = self.locks[dst]
             if not lock.acquire(False):
+                if only_if_room:
+                    return False
                 if not lock.acquire(True, timeout):
                     raise CommTimeoutError(f"send to rank {dst}: another send held the channel "
                                            f"for {timeout} s")
@@ -214,8 +218,10 @@ cdef class RpcChannel:
                 total += lens[i]
             ring = self.ring(self.rank, dst)
             try:
-                if (total <= RPC_GIL_FREE_COPY and self.ring_bytes
-                        - (ring.head - capi.shm_load_acquire64(&ring.tail)) >= total):
+                fits = self.ring_bytes - (ring.head - capi.shm_load_acquire64(&ring.tail)) >= total
+                if only_if_room and not fits:
+                    return False
+                if total <= RPC_GIL_FREE_COPY and fits:
                     rc = self._write(dst, ptrs, lens, nparts, deadline)  # fits now: no wait
                 else:
                     with nogil:
@@ -230,6 +236,7 @@ cdef class RpcChannel:
                 self.gone[dst] = True   # the stream holds half a frame: never use it again
                 raise ShmcommError(f"send to rank {dst}: the peer consumed nothing for "
                                    f"{self.comm.timeout} s; the channel to it is unusable")
+            return True
         finally:
             for i in range(got):
                 PyBuffer_Release(&views[i])

@@ -739,3 +739,38 @@ def test_script_workers_started_from_the_environment():
 
 
 # (docstrings: tests/test_docs.py)
+
+
+# ---- rpc_async never blocks its caller --------------------------------------------------------
+def _callee_stops_reading(rank, size):
+    """Worker 1 stops (SIGSTOP) and worker 0 calls it with an argument larger than the ring.
+    rpc_async used to write the frame on the caller's thread and block it for the group's
+    timeout (30 s here, with the call's timeout 2 s), holding every other send to worker 1."""
+    if rank == 1:
+        return True
+    pid = rpc.rpc_sync("worker1", os.getpid)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        big = rpc.rpc_async("worker1", array_info, args=(np.ones(1 << 20),), timeout=2)  # 8 MiB
+        small = rpc.rpc_async("worker1", whoami, timeout=2)  # queued behind it
+        issued = time.monotonic() - start
+        errors = []
+        for fut in (big, small):
+            try:
+                fut.wait()
+            except sc.CommTimeoutError as exc:
+                errors.append(type(exc).__name__)
+        failed = time.monotonic() - start
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert issued < 0.5, f"rpc_async blocked its caller for {issued:.1f} s"
+    assert errors == ["CommTimeoutError"] * 2, errors
+    assert 1.5 < failed < 8, f"the Futures failed after {failed:.1f} s (call timeout 2 s)"
+    assert rpc.rpc_sync("worker1", whoami, timeout=30) == "worker1"  # the channel still works
+    return True
+
+
+@pytest.mark.timeout(90)
+def test_rpc_async_returns_at_once_when_the_callee_stops_reading():
+    assert all(_run(_callee_stops_reading, 2))

@@ -208,6 +208,9 @@ class Agent:
         self._ids = itertools.count(1)
         self._sync_pending: dict[int, _Call] = {}
         self._async_pending: dict[int, _Call] = {}
+        self._outboxes: dict[int, collections.deque] = {}  # frames waiting for room, per rank
+        self._senders: dict[int, threading.Thread] = {}
+        self._outbox_lock = threading.Lock()
         self._stopping = False
         self._last_sweep = 0.0
         # reply role
@@ -324,7 +327,7 @@ class Agent:
             self._pool.submit(self._serve, (dst, KIND_REQUEST, rid, flags, data, _copies(bufs)))
             return fut
         try:
-            self.q.send(dst, KIND_REQUEST, rid, flags, data, bufs, seconds or -1.0)
+            self._post(dst, KIND_REQUEST, rid, flags, data, bufs, call.deadline)
         except ShmcommError as exc:
             if self._async_pending.pop(rid, None) is not None:
                 fut.set_exception(exc)
@@ -340,7 +343,52 @@ class Agent:
         if dst == self.rank:
             self._pool.submit(self._serve, (dst, KIND_ONEWAY, 0, flags, data, _copies(bufs)))
         else:
-            self.q.send(dst, KIND_ONEWAY, 0, flags, data, bufs)
+            self._post(dst, KIND_ONEWAY, 0, flags, data, bufs, 0.0)
+
+    # ---- sending without blocking the caller --------------------------------------------------
+    def _post(self, dst: int, kind: int, rid: int, flags: int, data: bytes, bufs: list,
+              deadline: float) -> None:
+        """Send a frame of an rpc_async (or one-way) call without ever blocking its caller: at
+        once if nothing is queued for ``dst`` and the frame fits its ring now, else queued, in
+        order, for ``dst``'s sender thread (a callee that stops reading must not hold the caller,
+        nor every other send to it). The call's Future fails at its deadline either way."""
+        with self._outbox_lock:
+            box = self._outboxes.setdefault(dst, collections.deque())
+            if not box and self.q.send(dst, kind, rid, flags, data, bufs, 0.0, True):
+                return
+            box.append((kind, rid, flags, data, _copies(bufs), deadline))
+            if dst not in self._senders:
+                sender = threading.Thread(target=self._send_queued, args=(dst,), daemon=True,
+                                          name=f"shmcomm-rpc-{self.rank}-send-{dst}")
+                self._senders[dst] = sender
+                sender.start()
+
+    def _send_queued(self, dst: int) -> None:
+        """Sender thread of ``dst``: writes its queued frames in order, each waiting for room up
+        to its call's deadline; a frame whose call already failed is dropped unsent."""
+        box = self._outboxes[dst]
+        while True:
+            with self._outbox_lock:
+                if not box or self._stopping:
+                    box.clear()
+                    del self._senders[dst]
+                    return
+                kind, rid, flags, data, bufs, deadline = box.popleft()
+            if kind == KIND_REQUEST and rid not in self._async_pending:
+                continue
+            left = deadline - time.monotonic() if deadline else -1.0
+            try:
+                if deadline and left <= 0:
+                    raise CommTimeoutError(f"send to rank {dst}: no room in the ring before the "
+                                           f"call's deadline")
+                self.q.send(dst, kind, rid, flags, data, bufs, left)
+            except ShmcommError as exc:
+                if kind == KIND_REQUEST:
+                    self._fail(rid, exc)
+                else:
+                    log.warning("shmcomm.rpc: a one-way call to rank %d was not sent: %s", dst, exc)
+            except BaseException:  # noqa: BLE001 - a sender thread must survive anything
+                log.exception("shmcomm.rpc: sending to rank %d failed", dst)
 
     # ---- waiting for replies ------------------------------------------------------------------
     def _wait_sync(self, rid: int, call: _Call) -> None:
