@@ -41,6 +41,7 @@ def _autoload() -> None:
 import datetime  # noqa: E402 - _autoload must exist before `import torch` runs it
 import functools  # noqa: E402
 import math  # noqa: E402
+import sys  # noqa: E402
 import threading  # noqa: E402
 import uuid  # noqa: E402
 import warnings  # noqa: E402
@@ -159,13 +160,44 @@ def _fast(t) -> bool:
             and not t.is_neg())
 
 
-def _stage(t: torch.Tensor, reducing: bool, argname: str):
-    """Return ``(buffer, dense)``: ``buffer`` goes to the core; ``dense`` is the contiguous tensor
-    to copy back into ``t`` after an output was written, or None when ``buffer`` is ``t`` itself."""
+def _plain(t, argname: str) -> torch.Tensor:
+    """The tensor whose memory holds ``t``'s data, for the core to take by pointer.
+
+    ``t`` itself for plain tensors and subclasses without a ``__torch_dispatch__`` of their own
+    (``nn.Parameter``); for an ``AsyncCollectiveTensor`` (what functional collectives and
+    ``DTensor.to_local()`` return), the tensor it wraps, once its collective completed, so that
+    results written there show through the wrapper. Other subclasses with a ``__torch_dispatch__``
+    (DTensor, ...) raise ``TypeError``: a wrapper's own pointer is not its data, and a subclass
+    that intercepts operations may not hold its values as plain memory.
+
+    Example::
+
+        out = fc.all_reduce(torch.ones(4), "sum", group)   # an AsyncCollectiveTensor
+        _plain(out, "tensor")                              # waits; the wrapped plain tensor
+    """
+    if type(t) is torch.Tensor:
+        return t
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{argname} must be a torch.Tensor, got {type(t).__name__}")
+    # Looked up, not imported: this module loads inside `import torch`, and no such tensor can
+    # exist before torch.distributed._functional_collectives was imported.
+    funcol = sys.modules.get("torch.distributed._functional_collectives")
+    while funcol is not None and isinstance(t, funcol.AsyncCollectiveTensor):
+        t = t.trigger_wait()
+    if t._python_dispatch:
+        raise TypeError(f"{argname}: shmcomm takes tensors by their memory and cannot take a "
+                        f"{type(t).__name__}, a tensor subclass with its own __torch_dispatch__; "
+                        f"pass a plain tensor (for a DTensor, its .to_local() or .full_tensor())")
+    return t
+
+
+def _stage(t: torch.Tensor, reducing: bool, argname: str):
+    """Return ``(buffer, dense)``: ``buffer`` goes to the core; ``dense`` is the contiguous tensor
+    to copy back into ``t`` after an output was written, or None when ``buffer`` shares ``t``'s
+    memory."""
     if _fast(t):
         return t, None
+    t = _plain(t, argname)
     if t.layout is not torch.strided:
         raise TypeError(f"{argname}: shmcomm supports dense tensors only, got layout {t.layout}")
     if t.device.type != "cpu":
@@ -330,12 +362,12 @@ class ShmcommWork(_WorkBase):
             fut = dist.all_reduce(t, async_op=True).get_future(); fut.wait()
         """
         if self._future is None:
-            fut = torch.futures.Future()
-            self._future = fut
             if self._work is None:
+                self._future = torch.futures.Future()
                 self._finish()
-                fut.set_result(self._outputs)
+                self._future.set_result(self._outputs)
             else:
+                self._future = _WorkFuture(self._work)
                 self._work.get_future().add_done_callback(self._complete)
         return self._future
 
@@ -350,6 +382,44 @@ class ShmcommWork(_WorkBase):
 
     def __repr__(self) -> str:
         return f"<shmcomm.torch.ShmcommWork {'done' if self.is_completed() else 'pending'}>"
+
+
+class _WorkFuture(torch.futures.Future):
+    """The ``torch.futures.Future`` of a pending operation (``ShmcommWork.get_future()``).
+
+    ``wait()`` first runs the group's queued operations up to this one on the waiting thread, as
+    ``Work.wait()`` does. Then-callbacks run on the thread that completed the operation, often
+    the group's progress thread: one that issues a collective and waits for its future (as
+    PowerSGD's DDP hook does) would otherwise wait for the very thread it runs on.
+
+    Example::
+
+        fut = dist.all_reduce(t, async_op=True).get_future()
+        fut.then(lambda f: dist.all_reduce(f.value()[0], async_op=True).get_future().wait())
+    """
+
+    def __init__(self, work):
+        super().__init__()
+        self._work = work  # the shmcomm Work
+
+    def wait(self):
+        """The operation's outputs, once it completed; raises its error.
+
+        Example::
+
+            out, = dist.broadcast(t, src=0, async_op=True).get_future().wait()
+        """
+        try:
+            self._work.wait()
+        except Exception:  # noqa: BLE001, S110 - the future holds the error: raised just below
+            pass
+        return super().wait()
+
+
+def _gathered(output_lists: list) -> list:
+    """What a list-form gather's future holds, as gloo's: the output list of its one input, or
+    the list of output lists when there are several."""
+    return output_lists[0] if len(output_lists) == 1 else list(output_lists)
 
 
 def _flat(outputs) -> list:
@@ -596,7 +666,7 @@ class ShmcommProcessGroup(_ProcessGroupBase):
             # all_gather in the engine
             call.calls.append((self._comm.all_gather, [call.output(o, argname="output") for o in outs],
                                call.input(inp, argname="input")))
-        return self._go_all(_call_each, call, list(output_lists), opts.asyncOp)
+        return self._go_all(_call_each, call, _gathered(output_lists), opts.asyncOp)
 
     def all_gather_single(self, output, input, opts=None):
         """Gather every rank's ``input`` into ``output``, rank-major (``dist.all_gather_into_tensor``).
@@ -638,7 +708,7 @@ class ShmcommProcessGroup(_ProcessGroupBase):
                         for q in range(self._size)],
                        call.input(inp, argname=f"input_tensor_list[{i}]"))
                       for i, inp in enumerate(input_tensors)]
-        return self._go_all(self._comm.all_gather, call, list(output_lists), opts.asyncOp)
+        return self._go_all(self._comm.all_gather, call, _gathered(output_lists), opts.asyncOp)
 
     def gather(self, output_lists, input_tensors, opts=None):
         """Rank ``opts.rootRank`` receives every rank's tensor in ``output_lists[0]`` (``dist.gather``).
@@ -659,7 +729,7 @@ class ShmcommProcessGroup(_ProcessGroupBase):
                                  f"tensors")
             outs = [call.output(o, argname=f"gather_list[{q}]") for q, o in enumerate(output_lists[0])]
         call.calls = [(call.input(input_tensors[0], argname="input"), outs, root)]
-        return self._go_all(self._comm.gather, call, list(output_lists), opts.asyncOp)
+        return self._go_all(self._comm.gather, call, _gathered(output_lists), opts.asyncOp)
 
     def scatter(self, output_tensors, input_lists, opts=None):
         """Rank q's ``output_tensors[0]`` receives ``input_lists[0][q]`` of rank ``opts.rootRank``.
@@ -695,20 +765,22 @@ class ShmcommProcessGroup(_ProcessGroupBase):
         if len(output_tensors) != n or len(input_tensors) != n:
             raise ValueError(f"all_to_all needs world_size={n} input and output tensors, got "
                              f"{len(input_tensors)} and {len(output_tensors)}")
-        dtypes = {t.dtype for t in (*output_tensors, *input_tensors)}
+        # Packed below by torch ops, which a subclass would intercept: unwrapped or refused first.
+        outs = [_plain(t, f"output_tensor_list[{q}]") for q, t in enumerate(output_tensors)]
+        ins = [_plain(t, f"input_tensor_list[{q}]") for q, t in enumerate(input_tensors)]
+        dtypes = {t.dtype for t in (*outs, *ins)}
         if len(dtypes) != 1:
             raise ValueError(f"all_to_all tensors must share one dtype, got {sorted(map(str, dtypes))}")
         # One packed exchange of element counts keeps every rank on the same path even when only
         # some pairs of ranks exchange pieces of different sizes.
-        inp = torch.cat([t.reshape(-1) for t in input_tensors]) if n else torch.empty(0)
-        out = torch.empty(sum(t.numel() for t in output_tensors), dtype=inp.dtype)
+        inp = torch.cat([t.reshape(-1) for t in ins]) if n else torch.empty(0)
+        out = torch.empty(sum(t.numel() for t in outs), dtype=inp.dtype)
         call = _Call()
         out_buf, in_buf = call.output(out, argname="output"), call.input(inp, argname="input")
         scale = 1 if out_buf.dtype == out.dtype else out.element_size()  # bytes for byte views
-        call.calls = [(out_buf, in_buf, [t.numel() * scale for t in output_tensors],
-                       [t.numel() * scale for t in input_tensors])]
-        pieces = torch.split(out, [t.numel() for t in output_tensors])
-        call.backs = [(t, piece.view(t.shape)) for t, piece in zip(output_tensors, pieces)]
+        call.calls = [(out_buf, in_buf, [t.numel() * scale for t in outs], [t.numel() * scale for t in ins])]
+        pieces = torch.split(out, [t.numel() for t in outs])
+        call.backs = [(t, piece.view(t.shape)) for t, piece in zip(outs, pieces)]
         return self._go_all(self._comm.all_to_all_single, call, list(output_tensors), opts.asyncOp)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
@@ -870,8 +942,42 @@ class ShmcommProcessGroup(_ProcessGroupBase):
     recvAnysource = recv_anysource  # noqa: N815 - the name torch 2.15's trampoline forwards
 
 
+# ---- native functional collectives ----------------------------------------------------------------
+# torch's C++ ops reach a Python group only through the methods its trampoline forwards;
+# `_c10d_functional.all_gather_into_tensor_out` (inductor's bucketed all-gathers use it) calls
+# `_allgather_base`, which is not one of them: torch then looks for a C++ backend on the group
+# and fails ("No backend type associated with device type cpu"). A CPU kernel of our own makes
+# the same call from Python, where every group's own method is seen.
+_kernels = None  # the torch.library.Library holding them: dropping it would unregister them
+
+
+def _all_gather_into_tensor_out(input, group_size, group_name, *, out):
+    """``torch.ops._c10d_functional.all_gather_into_tensor_out`` on CPU, for every group: what
+    torch's C++ kernel does, with the group's method looked up in Python.
+
+    Example::
+
+        torch.ops._c10d_functional.all_gather_into_tensor_out(t, world, group.group_name, out=out)
+    """
+    group = _c10d._resolve_process_group(group_name)
+    work = group._allgather_base(out, input, _c10d.AllgatherOptions())
+    _c10d._register_work(out, work)  # what wait_tensor(out) waits for
+    return out
+
+
+def _register_kernels() -> None:
+    """Install the CPU kernels above once, when the first shmcomm group is created (a process
+    that never uses the backend keeps torch's own)."""
+    global _kernels
+    if _kernels is None:
+        lib = torch.library.Library("_c10d_functional", "IMPL")
+        lib.impl("all_gather_into_tensor_out", _all_gather_into_tensor_out, "CPU")
+        _kernels = lib
+
+
 def _create(options, backend_options=None) -> ShmcommProcessGroup:
     """The creator torch calls for each group (extended API: store, rank, size, timeout, name)."""
+    _register_kernels()
     return ShmcommProcessGroup(options.store, options.group_rank, options.group_size, options.timeout,
                                str(options.group_id), list(options.global_ranks_in_group))
 

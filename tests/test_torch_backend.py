@@ -173,6 +173,211 @@ def test_rendezvous_names_each_incarnation_apart():
     assert first_secret != second_secret and len(first_secret) == 32
 
 
+# ---- tensor subclasses ---------------------------------------------------------------------------
+class _Opaque(torch.Tensor):
+    """A wrapper subclass whose data lives elsewhere (its own data pointer is null), as DTensor."""
+
+    @staticmethod
+    def __new__(cls, inner):
+        return torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise NotImplementedError(f"_Opaque: {func}")
+
+
+def _async_collective_tensor_ops(rank, size, group):
+    """Each collective on AsyncCollectiveTensors (functional collectives' results) in ``group``;
+    returns what every output reads through its wrapper."""
+    import torch.distributed._functional_collectives as fc
+
+    def act(values):  # an AsyncCollectiveTensor whose wrapped tensor holds values * size
+        out = fc.all_reduce(torch.as_tensor(values, dtype=torch.float32), "sum", group)
+        assert type(out).__name__ == "AsyncCollectiveTensor", type(out)
+        return out
+
+    seen = []
+    t = act([rank + 1.0] * 4)
+    dist.all_reduce(t, group=group)                                 # the issue's repro
+    seen.append(t + 0)
+    t = act([[rank + 1.0, 2.0], [3.0, 4.0]]).t()                    # a non-contiguous view
+    dist.all_reduce(t, group=group, async_op=True).wait()
+    seen.append(t + 0)
+    t = act([rank + 5.0] * 3)
+    dist.broadcast(t, src=1, group=group)
+    seen.append(t + 0)
+    outs = [act([0.0] * 2) for _ in range(size)]
+    dist.all_gather(outs, act([rank + 1.0] * 2), group=group)
+    seen += [o + 0 for o in outs]
+    out = act([0.0] * 2)
+    dist.reduce_scatter_tensor(out, act([rank + 1.0] * (2 * size)), group=group)
+    seen.append(out + 0)
+    outs = [act([0.0] * 2) for _ in range(size)]
+    dist.all_to_all(outs, [act([10.0 * rank + q] * 2) for q in range(size)], group=group)
+    seen += [o + 0 for o in outs]
+    return seen
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("size", [2, 3])
+def test_async_collective_tensors_are_waited_and_written_in_place(size, tmp_path):
+    """Issue #29: a functional collective's result (an AsyncCollectiveTensor, a wrapper whose own
+    data pointer is null) killed every rank with SIGSEGV; now its wrapped tensor is used, and the
+    results, read through the wrapper, equal gloo's."""
+    def fn(rank, size):
+        ours = _async_collective_tensor_ops(rank, size, dist.group.WORLD)
+        theirs = _async_collective_tensor_ops(rank, size, dist.new_group(backend="gloo"))
+        for i, (a, b) in enumerate(zip(ours, theirs)):
+            assert type(a) is torch.Tensor and torch.equal(a, b), (i, a, b)
+        return ours[0].tolist()
+
+    total = size * sum(range(1, size + 1))
+    assert torch_ranks(fn, size, tmp_path, timeout=110) == [[float(total)] * 4] * size
+
+
+@pytest.mark.timeout(120)
+def test_dtensor_to_local_is_reduced_and_dtensor_is_refused(tmp_path):
+    """``DTensor.to_local()`` after an async redistribute is an AsyncCollectiveTensor: reduced in
+    place. A DTensor itself, and any wrapper subclass, cannot be taken by memory: a clear
+    TypeError on every rank, nothing sent, and the group keeps working. Subclasses that own their
+    memory and intercept nothing (nn.Parameter) are taken as they are."""
+    def fn(rank, size):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import DTensor, Partial, Replicate
+
+        mesh = init_device_mesh("cpu", (size,))
+        d = DTensor.from_local(torch.full((4,), rank + 1.0), mesh, [Partial()])
+        local = d.redistribute(mesh, [Replicate()], async_op=True).to_local()
+        dist.all_reduce(local)
+        assert torch.equal(local + 0, torch.full((4,), 6.0)), local
+        with pytest.raises(TypeError, match="cannot take a DTensor.*to_local"):
+            dist.all_reduce(d)
+        with pytest.raises(TypeError, match=r"tensors\[0\].*cannot take a _Opaque"):
+            dist.broadcast(_Opaque(torch.ones(3)), src=0)
+        with pytest.raises(TypeError, match=r"input_tensor_list\[1\].*cannot take a _Opaque"):
+            dist.all_to_all([torch.empty(1), torch.empty(1)], [torch.ones(1), _Opaque(torch.ones(1))])
+        param = torch.nn.Parameter(torch.full((3,), rank + 1.0), requires_grad=False)
+        dist.all_reduce(param)
+        assert torch.equal(param.data, torch.full((3,), 3.0)), param
+        return True
+
+    assert torch_ranks(fn, 2, tmp_path, timeout=110) == [True, True]
+
+
+# ---- what torch's c10d tests check beyond values (#29) ---------------------------------------------
+def _future_values(rank, size, group):
+    """The values the futures of async collectives hold, on ``group``."""
+    def value(work):
+        return work.get_future().wait()
+
+    x = torch.full((2,), rank + 1.0)
+    root_list = [torch.zeros(2) for _ in range(size)] if rank == 0 else None
+    reduced = value(dist.reduce(x.clone(), dst=0, group=group, async_op=True))
+    return {
+        "reduce": reduced if rank == 0 else None,  # gloo leaves partial sums on the other ranks
+        "all_reduce": value(dist.all_reduce(x.clone(), group=group, async_op=True)),
+        "broadcast": value(dist.broadcast(x.clone(), src=1, group=group, async_op=True)),
+        "all_gather": value(dist.all_gather([torch.zeros(2) for _ in range(size)], x, group=group,
+                                            async_op=True)),
+        "gather": value(dist.gather(x, root_list, dst=0, group=group, async_op=True)),
+        "scatter": value(dist.scatter(torch.zeros(2), [torch.full((2,), q + 1.0) for q in range(size)]
+                                      if rank == 0 else None, src=0, group=group, async_op=True)),
+        "all_to_all": value(dist.all_to_all([torch.zeros(1) for _ in range(size)],
+                                            [torch.full((1,), 10.0 * rank + q) for q in range(size)],
+                                            group=group, async_op=True)),
+    }
+
+
+def _same(a, b) -> bool:
+    """Equal nested lists of equal tensors (types and nesting included)."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if a is None:
+        return b is None
+    return type(a) is type(b) is list and len(a) == len(b) and all(map(_same, a, b))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("size", [3, 4])
+def test_future_values_are_gloos(size, tmp_path):
+    """``work.get_future()`` holds what gloo's does: the list-form gathers' output list itself
+    (it was wrapped in another list). Not compared: the futures of all_gather_into_tensor (the
+    output, as NCCL's; gloo's holds the output's chunks) and of the ops gloo gives none."""
+    def fn(rank, size):
+        ours = _future_values(rank, size, dist.group.WORLD)
+        theirs = _future_values(rank, size, dist.new_group(backend="gloo"))
+        for name, value in ours.items():
+            assert _same(value, theirs[name]), (name, value, theirs[name])
+        return True
+
+    assert torch_ranks(fn, size, tmp_path, timeout=110) == [True] * size
+
+
+@pytest.mark.timeout(120)
+def test_then_callback_waits_for_a_collective_it_issued(tmp_path):
+    """A then() callback runs on the thread that completed the operation (often the group's
+    progress thread); one that issues a collective and waits for its future, as PowerSGD's DDP
+    hook does, waited for itself (a hang). DDP with PowerSGD then matches gloo. One bucket: with
+    several, the callbacks' collectives race the next bucket's on any CPU backend (gloo hangs,
+    shmcomm raises CollectiveMismatchError)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
+
+    def chained(group):
+        def step(fut):
+            return dist.all_reduce(fut.value()[0] * 1, group=group, async_op=True).get_future().wait()
+
+        fut = dist.all_reduce(torch.ones(3), group=group, async_op=True).get_future()
+        return fut.then(step).then(step).wait()[0]
+
+    def power_sgd(rank, group):
+        state = powerSGD.PowerSGDState(process_group=group, matrix_approximation_rank=1,
+                                       start_powerSGD_iter=2, min_compression_rate=0.5)
+        return checks.train_ddp(rank, group, steps=5, comm_hook=(state, powerSGD.powerSGD_hook),
+                               bucket_cap_mb=25)
+
+    def fn(rank, size):
+        assert torch.equal(chained(dist.group.WORLD), torch.full((3,), float(size ** 3)))
+        gloo = dist.new_group(backend="gloo")
+        for a, b in zip(power_sgd(rank, None), power_sgd(rank, gloo)):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        return True
+
+    assert torch_ranks(fn, 3, tmp_path, timeout=100) == [True] * 3
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("size", [3, 4])
+def test_native_functional_ops_in_place_and_out(size, tmp_path):
+    """torch's native ``_c10d_functional`` in-place and out= ops, as inductor emits them (its
+    bucketed all-gathers are all_gather_into_tensor_out, which failed: "No backend type
+    associated with device type cpu"), on shmcomm and, in the same process, on gloo."""
+    def ops(rank, size, group):
+        f, name, seen = torch.ops._c10d_functional, group.group_name, []
+        t = torch.full((3,), rank + 1.0)
+        seen.append(f.wait_tensor(f.all_reduce_(t, "sum", name)))
+        ts = [torch.full((2,), rank + 1.0), torch.arange(3.0)]
+        seen += [f.wait_tensor(x) for x in f.all_reduce_coalesced_(ts, "max", name)]
+        t = torch.full((2,), rank + 1.0)
+        seen.append(f.wait_tensor(f.broadcast_(t, 1, name)))
+        out = torch.zeros(2 * size, 2)
+        f.all_gather_into_tensor_out(torch.full((2, 2), rank + 1.0), size, name, out=out)
+        seen.append(f.wait_tensor(out))
+        out = torch.zeros(2)
+        f.reduce_scatter_tensor_out(torch.arange(2.0 * size) + rank, "sum", size, name, out=out)
+        seen.append(f.wait_tensor(out))
+        return seen
+
+    def fn(rank, size):
+        ours = ops(rank, size, dist.group.WORLD)
+        theirs = ops(rank, size, dist.new_group(backend="gloo"))
+        assert _same(ours, theirs), (ours, theirs)
+        expected = torch.arange(1.0, size + 1).repeat_interleave(4).view(2 * size, 2)
+        assert torch.equal(ours[4], expected), ours[4]
+        return True
+
+    assert torch_ranks(fn, size, tmp_path, timeout=110) == [True] * size
+
+
 # ---- DDP ---------------------------------------------------------------------------------------
 @pytest.mark.timeout(120)
 def test_ddp_matches_gloo(tmp_path):

@@ -501,11 +501,14 @@ def make_model(seed: int = 0) -> torch.nn.Module:
                                torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
 
 
-def train_ddp(rank: int, group=None, steps: int = 6) -> list[torch.Tensor]:
+def train_ddp(rank: int, group=None, steps: int = 6, comm_hook=None,
+              bucket_cap_mb: float = 0.002) -> list[torch.Tensor]:
     """Train ``make_model()`` under DDP on ``group`` with per-rank data; return the parameters
-    and buffers afterwards."""
+    and buffers afterwards. ``comm_hook``: a ``(state, hook)`` pair for ``register_comm_hook``."""
     model = make_model()
-    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=0.002)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=bucket_cap_mb)
+    if comm_hook is not None:
+        ddp.register_comm_hook(*comm_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
     gen = torch.Generator().manual_seed(100 + rank)
     for _ in range(steps):
