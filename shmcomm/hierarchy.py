@@ -257,7 +257,19 @@ class HierarchicalComm:
             self._scratch.release()
 
     def _run(self, fn, args: tuple, outputs: list, async_op: bool):
-        return self._local.submit(fn, args, outputs, async_op)
+        return self._local.submit(self._composite, (fn, args), outputs, async_op)
+
+    def _composite(self, fn, args: tuple) -> None:
+        """Run one composite collective; if it fails on this rank, abort the node group with the
+        cause. Its node peers may be waiting in (or about to enter) a node step that this rank
+        will never reach: without the abort they would pair it with the next operation and
+        report a mismatch, or wait out the timeout, instead of the real cause."""
+        try:
+            fn(*args)
+        except BaseException as exc:
+            self._local.abort(f"{type(exc).__name__} on rank {self.rank} (node {self._node}): "
+                              f"{str(exc)[:400]}")
+            raise
 
     # ---- reductions --------------------------------------------------------------------------
     def all_reduce(self, array, op: int = _SUM, async_op: bool = False, factor: float = 1.0):

@@ -20,7 +20,9 @@ and PREMUL_SUM (the hierarchy turns those into SUM). Another engine (mpi4py, say
 from __future__ import annotations
 
 import datetime
+import zlib
 
+from shmcomm.errors import CollectiveMismatchError
 from shmcomm.scratch import Scratch
 
 __all__ = ["BUSY_THREADS", "GlooLink", "connect_gloo"]
@@ -75,6 +77,28 @@ def _reduce_in_order(out, mine, theirs, rank: int, op: int) -> None:
     reduce_kernel(out, [mine, theirs] if rank == 0 else [theirs, mine], op)
 
 
+# Link collectives by descriptor code; a link's ranks exchange (kind, dtype, bytes, op, root)
+# before each one (GlooLink._agree).
+_KINDS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter",
+          "barrier")
+
+
+def _dtype_code(t) -> int:
+    """The same number for the same dtype in every process (a hash of its name)."""
+    return zlib.crc32(str(t.dtype).encode()) if t is not None else 0
+
+
+def _describe(row: list[int], dtype_names: dict[int, str]) -> str:
+    kind, dtype, nbytes, op, root = row
+    name = _KINDS[kind] if 0 <= kind < len(_KINDS) else f"kind {kind}"
+    args = [f"dtype={dtype_names.get(dtype, dtype)}", f"nbytes={nbytes}"]
+    if op >= 0:
+        args.append(f"op={op}")
+    if root >= 0:
+        args.append(f"root={root}")
+    return f"{name}({', '.join(args)})"
+
+
 def _bytes(t):
     """``t``'s memory as uint8 (gloo moves every dtype this way, whatever kernels it has)."""
     import torch
@@ -114,6 +138,33 @@ class GlooLink:
         self._pg = dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, size,
                                          datetime.timedelta(seconds=timeout))
 
+    def _agree(self, kind: str, t=None, op: int = -1, root: int = -1, nbytes: int | None = None) -> None:
+        """Check that every rank of the link called the same collective with the same dtype,
+        size, op and root, before any data moves: CollectiveMismatchError on every rank, as on
+        one node. (Unchecked, gloo aborted the process on different sizes and reduced the bytes
+        of different dtypes into garbage.) One small exchange: a swap on two-rank rails, an
+        all-gather elsewhere."""
+        import torch
+
+        if nbytes is None:
+            nbytes = t.numel() * t.element_size() if t is not None else 0
+        mine = torch.tensor([_KINDS.index(kind), _dtype_code(t), nbytes, op, root], dtype=torch.int64)
+        every = torch.empty(self.size * 5, dtype=torch.int64)
+        if self._swaps:
+            self._swap(mine, every[(1 - self.rank) * 5:(2 - self.rank) * 5])
+            every[self.rank * 5:(self.rank + 1) * 5] = mine
+        else:
+            self._pg._allgather_base(every, mine).wait()
+        rows = every.view(self.size, 5).tolist()
+        if any(row != rows[0] for row in rows):
+            names = {_dtype_code(torch.empty(0, dtype=d)): str(d).replace("torch.", "") for d in
+                     (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,
+                      torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool,
+                      torch.complex64, torch.complex128)}
+            lines = [f"link rank {q}: {_describe(row, names)}" for q, row in enumerate(rows)]
+            raise CollectiveMismatchError("ranks on different nodes called different collectives or "
+                                          "arguments:\n  " + "\n  ".join(lines))
+
     def _op(self, op: int):
         try:
             return self._ops[op]
@@ -122,6 +173,7 @@ class GlooLink:
 
     def all_reduce(self, t, op: int) -> None:
         """Reduce ``t`` in place over the link's ranks."""
+        self._agree("all_reduce", t, op)
         if not t.numel():
             return
         if self._swaps:
@@ -158,18 +210,23 @@ class GlooLink:
 
         n = t.numel()
         every = torch.empty(self.size * n, dtype=t.dtype)
-        self.all_gather_into(every, t)
+        self._all_gather_into(every, t)
         lo, hi = (0, n) if piece is None else (piece * out.numel(), (piece + 1) * out.numel())
         reduce_kernel(out, [every[q * n + lo:q * n + hi] for q in range(self.size)], op)
 
     def broadcast(self, t, root: int) -> None:
         """Copy link rank ``root``'s ``t`` into every rank's."""
+        self._agree("broadcast", t, root=root)
         opts = self._dist.BroadcastOptions()
         opts.rootRank = root
         self._pg.broadcast([_bytes(t)], opts).wait()
 
     def all_gather_into(self, out, t) -> None:
         """``out`` = every rank's ``t``, in link-rank order."""
+        self._agree("all_gather", t)
+        self._all_gather_into(out, t)
+
+    def _all_gather_into(self, out, t) -> None:
         if self._swaps and t.numel():
             n, peer = t.numel(), 1 - self.rank
             self._swap(t, out[peer * n:(peer + 1) * n])
@@ -179,6 +236,7 @@ class GlooLink:
 
     def reduce_scatter_into(self, out, t, op: int) -> None:
         """``out`` on link rank r = reduction of piece r of every rank's ``t``."""
+        self._agree("reduce_scatter", t, op)
         if not out.numel():
             return
         if self._swaps:
@@ -193,12 +251,14 @@ class GlooLink:
 
     def all_to_all_single(self, out, t, out_splits: list, in_splits: list) -> None:
         """Rank q gets the ``in_splits[q]`` elements of ``t`` meant for it, into ``out``."""
+        self._agree("all_to_all", t, nbytes=0)  # sizes differ by rank; each pair is checked by gloo
         width = t.element_size()
         self._pg.alltoall_base(_bytes(out), _bytes(t), [s * width for s in out_splits],
                                [s * width for s in in_splits], self._dist.AllToAllOptions()).wait()
 
     def gather(self, t, outs: list | None, root: int) -> None:
         """Link rank ``root``'s ``outs[q]`` = rank q's ``t``."""
+        self._agree("gather", t, root=root)
         opts = self._dist.GatherOptions()
         opts.rootRank = root
         self._pg.gather([[_bytes(o) for o in outs]] if outs is not None else [], [_bytes(t)],
@@ -206,6 +266,7 @@ class GlooLink:
 
     def scatter(self, t, ins: list | None, root: int) -> None:
         """Rank q's ``t`` = link rank ``root``'s ``ins[q]``."""
+        self._agree("scatter", t, root=root)
         opts = self._dist.ScatterOptions()
         opts.rootRank = root
         self._pg.scatter([_bytes(t)], [[_bytes(a) for a in ins]] if ins is not None else [],
@@ -213,6 +274,7 @@ class GlooLink:
 
     def barrier(self) -> None:
         """Return once every rank of the link called it."""
+        self._agree("barrier")
         self._pg.barrier(self._dist.BarrierOptions()).wait()
 
     def close(self) -> None:

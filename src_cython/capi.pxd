@@ -53,6 +53,9 @@ cdef extern from "shm_layout.h" nogil:
         uint8_t tag[32]
         uint32_t self_made
         uint64_t name_salt
+        int32_t abort_rank
+        uint32_t abort_claim
+        char abort_reason[512]
 
     ctypedef struct shm_heap_header_t:
         uint64_t magic

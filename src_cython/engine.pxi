@@ -249,6 +249,7 @@ cdef class Communicator:
             self.hdr.cma_bytes = cma_bytes
             self.hdr.nonce = int.from_bytes(os.urandom(8), "little")
             self.hdr.name_salt = int.from_bytes(os.urandom(8), "little")
+            self.hdr.abort_rank = -1
             _copy_text(self.hdr.job, self.job, 127)
             _copy_text(self.hdr.boot_id, boot, 63)
             _copy_text(self.hdr.hostname, host, 63)
@@ -408,7 +409,7 @@ cdef class Communicator:
         cdef int r, first, last
         if capi.shm_load_acquire(&self.hdr.abort_flag):
             with gil:
-                raise self._fail(AbortedError(f"{self._name()}: the group was aborted"))
+                raise self._fail(AbortedError(f"{self._name()}: {self._aborted_text()}"))
         if peer < 0:
             first, last = 0, self.size
         else:
@@ -469,7 +470,7 @@ cdef class Communicator:
                 raise ShmcommError(f"{op_name.decode()}: the process group was destroyed")
         if capi.shm_load_acquire(&self.hdr.abort_flag):
             with gil:
-                raise AbortedError(f"{op_name.decode()}: the group was aborted")
+                raise AbortedError(f"{op_name.decode()}: {self._aborted_text()}")
         if self.broken is not None:  # read without the GIL: set once, never cleared
             with gil:
                 raise ShmcommError(f"{op_name.decode()}: the group is unusable after an earlier "
@@ -1087,10 +1088,14 @@ cdef class Communicator:
         return 0
 
     # ---- lifecycle ----------------------------------------------------------------------------
-    def abort(self):
-        """Abort the group on every rank: pending and later ops raise AbortedError."""
+    def abort(self, str reason=None):
+        """Abort the group on every rank: pending and later ops raise AbortedError (naming this
+        rank and ``reason``, if it is the first to abort)."""
         if self.hdr == NULL or getpid() != self.owner_pid:
             return
+        if reason is not None and capi.shm_fetch_add(&self.hdr.abort_claim, 1) == 0:
+            _copy_text(self.hdr.abort_reason, reason, 511)
+            self.hdr.abort_rank = self.rank
         capi.shm_store_seq_cst(&self.hdr.abort_flag, 1)
         for r in range(self.size):
             capi.shm_futex_wake_all(&self.cb(r).seq)
@@ -1108,6 +1113,13 @@ cdef class Communicator:
         import hashlib
         salt = self.hdr.name_salt.to_bytes(8, "little")
         return f"{what}.{hashlib.blake2s(what.encode(), key=salt, digest_size=8).hexdigest()}"
+
+    cdef str _aborted_text(self):
+        """``the group was aborted``, with who did it and why when the first to abort said."""
+        if self.hdr == NULL or self.hdr.abort_rank < 0:
+            return "the group was aborted"
+        reason = (<bytes>(<char *>self.hdr.abort_reason)).decode(errors="replace")
+        return f"the group was aborted by rank {self.hdr.abort_rank}: {reason}"
 
     def is_aborted(self):
         return self.hdr != NULL and capi.shm_load_acquire(&self.hdr.abort_flag) != 0

@@ -353,7 +353,7 @@ cdef class P2PEngine:
             raise ShmcommError("the process group was destroyed")
         self.comm._check_process()
         if self.comm.hdr != NULL and capi.shm_load_acquire(&self.comm.hdr.abort_flag):
-            raise AbortedError("the group was aborted")
+            raise AbortedError(self.comm._aborted_text())
 
     cdef uint64_t _deadline(self):
         return capi.shm_now_ns() + <uint64_t>(self.comm.timeout * 1e9)
@@ -659,7 +659,7 @@ cdef class P2PEngine:
         cdef _SendOp s
         cdef _RecvOp r
         if c.is_aborted():
-            self._fail_all(AbortedError("the group was aborted"))
+            self._fail_all(AbortedError(self.comm._aborted_text()))
             return
         gone = [q != c.rank and (capi.shm_load_acquire(&c.cb(q).state) == SHM_RANK_DEPARTED
                                  or c._peer_dead(q)) for q in range(c.size)]

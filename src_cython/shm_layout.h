@@ -41,6 +41,9 @@ typedef struct {
     uint32_t pad_a;          /* 372 */
     uint64_t name_salt;      /* 376: random; names of the segments made through this group
                                 (sub-groups) derive from it, so nobody outside can plant them */
+    int32_t abort_rank;      /* 384: the rank that aborted the group first (-1: none or unknown) */
+    uint32_t abort_claim;    /* 388: taken (0 -> 1) by the first rank to abort: it writes the reason */
+    char abort_reason[512];  /* 392: why, as that rank said (written before abort_flag is set) */
 } shm_header_t;
 
 /* Header page of an sc.empty / RPC heap segment; the ranks' data follows at SHM_HEADER_BYTES. */
