@@ -137,3 +137,63 @@ def _read_until(p, marker: str, timeout: float) -> str:
                     break
                 seen += line
     return seen
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", ["sizes", "dtypes", "kinds", "large"])
+def test_mismatched_collectives_across_nodes_raise_on_every_rank(mode):
+    """Node 1 calls another size, dtype (same bytes) or collective than node 0. Before, a rank
+    died with SIGABRT inside gloo (sizes), every rank got garbage (dtypes) or the job failed with
+    mixed errors at the timeout (kinds). Now every rank raises at once: the ranks that cross
+    between nodes a CollectiveMismatchError naming both sides, their node peers the same cause
+    through the node group's abort."""
+    start = time.monotonic()
+    text = run_nodes(str(SCRIPTS / "multinode_scripts" / "mismatch.py"), [2, 2], mode, timeout=200)
+    assert time.monotonic() - start < 50, f"took {time.monotonic() - start:.0f} s (timeout 60 s)"
+    for rank in range(4):
+        line = next((ln for ln in text.splitlines() if f"rank {rank} " in ln and " raised " in ln), None)
+        assert line is not None, f"rank {rank} did not raise:\n{text[-3000:]}"
+        assert "(mismatch)" in line, line
+    assert "CollectiveMismatchError" in text, text[-3000:]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGSTOP"])
+def test_a_rank_killed_or_stopped_on_another_node_is_reported_as_such(sig, tmp_path):
+    """One rank of node 1 is killed (or stopped) while every rank loops over the numpy
+    all_reduce. Before, node 0's ranks reported CollectiveMismatchError (a node peer left a
+    composite early and paired its node step with the next operation) and the job took three
+    timeouts to end; now a failed composite aborts its node group with the cause, and every
+    survivor names a failure, not a mismatch, within one timeout (10 s here)."""
+    import os
+    import signal
+
+    os.chmod(tmp_path, 0o777)
+    import threading
+
+    nodes = start_nodes(str(SCRIPTS / "multinode_scripts" / "loop_numpy.py"), [2, 2], str(tmp_path), "10")
+    seen = _read_until(nodes[0], "looping", 120.0)
+    assert "looping" in seen, seen
+    victim = int((tmp_path / "3").read_text())
+    def end_victim():  # a stopped rank holds its launcher's teardown: end it once measured
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    os.kill(victim, getattr(signal, sig))
+    stopped_at = time.time()
+    reaper = threading.Timer(20.0, end_victim)
+    reaper.start()
+    try:
+        results = finish(nodes, 200.0)
+    finally:
+        reaper.cancel()
+        end_victim()
+    text = seen + "\n".join(out for _, out in results)
+    # (the launcher stops a node's other ranks once one failed: not every survivor gets to say)
+    raised = re.findall(r"rank (\d) raised at ([\d.]+) (\w+): (.*)", text)
+    assert {r for r, *_ in raised} & {"0", "1"}, f"no rank of node 0 raised:\n{text[-3000:]}"
+    assert not [line for line in raised if line[2] == "CollectiveMismatchError"], raised
+    late = max(float(at) for _, at, _, _ in raised) - stopped_at
+    assert late < 15, f"a survivor raised {late:.0f} s after rank 3 was stopped (timeout 10 s): {raised}"
