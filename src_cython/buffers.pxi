@@ -116,7 +116,15 @@ cdef tuple _torch_dtype(object dt, str argname):
 
 cdef object _torch_buf(object t, buf_t *out, str argname):
     """Fill ``out`` straight from a CPU tensor's storage; the tensor is the owner."""
-    cdef tuple info = _torch_dtype(t.dtype, argname)
+    cdef tuple info
+    if type(t) is not _Tensor and type(t).__torch_dispatch__ is not _Tensor.__torch_dispatch__:
+        # a wrapper subclass (DTensor, a functional collective's AsyncCollectiveTensor): its
+        # data_ptr() is not its data (it was 0: the collective wrote through a null pointer)
+        raise TypeError(f"{argname} is a {type(t).__name__}, a tensor subclass whose data lives "
+                        f"elsewhere; pass a plain tensor (DTensor: .to_local(); a functional "
+                        f"collective's result: wait for it, e.g. torch.distributed._functional_"
+                        f"collectives.wait_tensor)")
+    info = _torch_dtype(t.dtype, argname)
     if not t.is_cpu:
         raise ValueError(f"{argname} must be a CPU tensor, got a tensor on {t.device}")
     if not t.is_contiguous():

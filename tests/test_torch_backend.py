@@ -8,6 +8,7 @@ by both live in ``tests/torch_scripts/checks.py``.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from datetime import timedelta
@@ -54,20 +55,77 @@ def run_script(cmd: list[str], timeout: float = 150) -> subprocess.CompletedProc
 
 
 # ---- registration ------------------------------------------------------------------------------
+def _env_without_shmcomm() -> dict[str, str]:
+    """A fresh shell's environment: no SHMCOMM_ variable (pytest's process made a secret up when
+    it imported shmcomm)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHMCOMM_")}
+    env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
+    return dict(env, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+
+
+# What `import torch` leaves behind of shmcomm: the modules loaded and the variables set.
+TRACES = ("import sys, os; print(f\"{sorted(m for m in sys.modules if m.startswith('shmcomm'))} "
+          "{sorted(k for k in os.environ if k.startswith('SHMCOMM_'))}\")")
+
+
 @pytest.mark.timeout(60)
 def test_import_torch_registers_quietly():
-    """The entry point registers the backend inside `import torch` and prints nothing."""
+    """The entry point names the backend inside `import torch`, prints nothing, and loads nothing
+    of shmcomm nor changes the environment (#33 item 6: it imported 19 shmcomm modules and set
+    SHMCOMM_SECRET in every torch program)."""
     code = ("import torch, torch.distributed as d; "
             "assert 'shmcomm' in d.Backend.backend_list, d.Backend.backend_list; "
             "assert d.Backend.SHMCOMM == 'shmcomm'; "
-            "assert d.Backend.default_device_backend_map['cpu'] == 'gloo'")
-    proc = run_script([sys.executable, "-c", "import torch"])
+            "assert d.Backend.default_device_backend_map['cpu'] == 'gloo'; " + TRACES)
+    env = _env_without_shmcomm()
+    proc = subprocess.run([sys.executable, "-c", "import torch"], env=env, capture_output=True, text=True,
+                          timeout=50)
     assert proc.returncode == 0 and proc.stdout == "" and proc.stderr == "", proc
-    proc = run_script([sys.executable, "-W", "error", "-c", code])
-    assert proc.returncode == 0, proc.stderr
-    # By hand, before torch: the entry point then runs while shmcomm.torch is half imported.
-    proc = run_script([sys.executable, "-W", "error", "-c", "import shmcomm.torch; " + code])
-    assert proc.returncode == 0, proc.stderr
+    proc = subprocess.run([sys.executable, "-W", "error", "-c", code], env=env, capture_output=True,
+                          text=True, timeout=50)
+    assert proc.returncode == 0 and proc.stdout == "[] []\n", proc.stdout + proc.stderr
+    # By hand, before torch (entry points off or not): registered once, by the same function.
+    for autoload in ("1", "0"):
+        proc = subprocess.run([sys.executable, "-W", "error", "-c",
+                               "import shmcomm.torch, _shmcomm_torch_entry as e; " + code + "; "
+                               "assert d.Backend._plugins['SHMCOMM'].creator_fn is e._create; "
+                               "assert d.Backend.backend_list.count('shmcomm') == 1"],
+                              env=dict(env, TORCH_DEVICE_BACKEND_AUTOLOAD=autoload), capture_output=True,
+                              text=True, timeout=50)
+        assert proc.returncode == 0, proc.stderr
+
+
+LAZY_SCRIPT = f"""
+import torch, torch.distributed as dist
+{TRACES}
+dist.init_process_group("shmcomm")
+assert dist.get_backend() == "shmcomm" and "shmcomm.torch" in sys.modules
+t = torch.full((3,), dist.get_rank() + 1.0)
+dist.all_reduce(t)
+assert t.tolist() == [3.0] * 3, t
+print(f"rank {{dist.get_rank()}} reduced")
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("launcher", ["shmrun", "torchrun"])
+def test_init_process_group_imports_shmcomm_on_first_use(launcher, tmp_path):
+    """A script that never imports shmcomm: `import torch` only names the backend, and
+    init_process_group("shmcomm") imports it and makes a working 2-rank group, under both
+    launchers (under torchrun, the ranks share no secret: the group's comes through the store)."""
+    script = tmp_path / "lazy.py"
+    script.write_text(LAZY_SCRIPT)
+    cmd = ([sys.executable, "-m", "shmcomm.launch", "-n", "2", "--no-prefix"] if launcher == "shmrun" else
+           [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"])
+    proc = subprocess.run(cmd + [str(script)], env=_env_without_shmcomm(), capture_output=True, text=True,
+                          timeout=110, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(re.findall(r"rank (\d) reduced", proc.stdout)) == ["0", "1"], proc.stdout
+    # shmrun is a shmcomm program: it hands its ranks a job and a secret; torchrun hands none.
+    traces = re.findall(r"\[[^]]*\] \[[^]]*\]", proc.stdout)  # lines may mix under torchrun
+    expected = "[] ['SHMCOMM_JOB', 'SHMCOMM_SECRET']" if launcher == "shmrun" else "[] []"
+    assert traces == [expected] * 2, proc.stdout
 
 
 @pytest.mark.timeout(10)
@@ -414,7 +472,7 @@ def test_shmrun_all_ops():
 
 
 BROKEN_CORE = r"""
-import sys, warnings
+import sys, tempfile, warnings
 sys.modules["shmcomm._core"] = None  # what a build for another Python or numpy looks like
 import shmcomm
 try:
@@ -423,27 +481,39 @@ except ImportError as exc:
     assert "failed to import" in str(exc), exc
 else:
     raise SystemExit("no error for a broken core")
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    from shmcomm._torch_entry import autoload
-    autoload()  # what `import torch` runs: must warn, not raise
-assert any("not registered" in str(w.message) for w in caught), [str(w.message) for w in caught]
+warnings.simplefilter("error")
+import torch, torch.distributed as dist  # the entry point touches nothing of shmcomm: no warning
+try:
+    dist.init_process_group("shmcomm", init_method="file://" + tempfile.mkdtemp() + "/store",
+                            rank=0, world_size=1)
+except ImportError as exc:
+    assert "failed to import" in str(exc), exc
+else:
+    raise SystemExit("no error from init_process_group")
 print("ok")
 """
 
 
 @pytest.mark.timeout(120)
-def test_broken_core_breaks_neither_import_shmcomm_nor_the_torch_entry_point():
-    root = Path(__file__).resolve().parent.parent
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run([sys.executable, "-c", BROKEN_CORE], capture_output=True, text=True, env=env,
-                         timeout=100)
+def test_broken_core_breaks_neither_import_shmcomm_nor_import_torch():
+    """A broken build fails where it is used, with its own message: shmcomm's collectives and
+    init_process_group("shmcomm"), never `import shmcomm` or `import torch`."""
+    out = subprocess.run([sys.executable, "-c", BROKEN_CORE], capture_output=True, text=True,
+                         env=_env_without_shmcomm(), timeout=100)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout + out.stderr
 
 
-def test_entry_point_is_the_guarded_autoload():
-    text = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
-    assert 'shmcomm = "shmcomm._torch_entry:autoload"' in text
+def test_entry_point_is_the_lazy_autoload():
+    """pyproject names the module outside the package, and the installed metadata agrees (an
+    editable install made before the entry point moved still names shmcomm._torch_entry)."""
+    from importlib.metadata import entry_points
+
+    text = (REPO / "pyproject.toml").read_text()
+    assert 'shmcomm = "_shmcomm_torch_entry:autoload"' in text
+    assert 'py-modules = ["_shmcomm_torch_entry"]' in text
+    installed = {e.name: e.value for e in entry_points(group="torch.backends")}
+    assert installed.get("shmcomm") == "_shmcomm_torch_entry:autoload", \
+        f"stale install: {installed}; reinstall shmcomm (pip install -e .)"
 
 
 @pytest.mark.timeout(300)
@@ -458,3 +528,20 @@ def test_functional_collectives_of_four_kinds_in_flight(world):
                            "functional_mixed.py", "100"])
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert proc.stdout.count(" ok 100") == world, proc.stdout
+
+
+def _module_api_refuses_wrappers(rank, size):
+    """The numpy-style API (sc.all_reduce on a torch tensor) read a wrapper subclass's data
+    pointer, which is null: SIGSEGV. It now refuses it by name; plain tensors and Parameters go."""
+    import shmcomm as sc
+
+    with pytest.raises(TypeError, match="_Opaque, a tensor subclass"):
+        sc.all_reduce(_Opaque(torch.ones(4)))
+    p = torch.nn.Parameter(torch.ones(4), requires_grad=False)
+    sc.all_reduce(p)
+    return float(p[0])
+
+
+@pytest.mark.timeout(60)
+def test_module_api_refuses_wrapper_subclasses():
+    assert run_ranks(_module_api_refuses_wrappers, 2) == [2.0, 2.0]
