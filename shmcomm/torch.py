@@ -1,7 +1,8 @@
 """``torch.distributed`` backend "shmcomm": every CPU collective of torch over shared memory.
 
-Installed with ``pip install shmcomm[torch]``, the backend is registered by the ``torch.backends``
-entry point as soon as torch is imported, so an unchanged script only names it::
+Installed with ``pip install shmcomm[torch]``, the backend is named by the ``torch.backends``
+entry point (``_shmcomm_torch_entry``) as soon as torch is imported, and this module is imported
+at the first ``init_process_group("shmcomm")``, so an unchanged script only names it::
 
     import torch, torch.distributed as dist
     dist.init_process_group("shmcomm")        # under torchrun or shmrun
@@ -17,52 +18,28 @@ shared memory inside each machine, torch's gloo between them.
 
 from __future__ import annotations
 
+import datetime
+import functools
+import math
+import sys
+import threading
+import uuid
 
-def _autoload() -> None:
-    """Entry point run inside ``import torch``: registers the backend and never raises.
+import torch
+import torch.distributed as dist
 
-    Example (what torch does for each ``torch.backends`` entry point)::
-
-        from shmcomm.torch import _autoload; _autoload()
-    """
-    # Defined before `import torch` below: when this module is imported first, that import runs
-    # the entry point while the module is half built; it then registers itself at its end.
-    register_now = globals().get("register")
-    if register_now is None or not globals().get("_HAVE_DIST"):
-        return
-    try:
-        register_now()
-    except Exception as exc:  # noqa: BLE001 - must never break `import torch`
-        import warnings
-
-        warnings.warn(f"shmcomm: torch backend not registered: {exc}", RuntimeWarning, stacklevel=2)
-
-
-import datetime  # noqa: E402 - _autoload must exist before `import torch` runs it
-import functools  # noqa: E402
-import math  # noqa: E402
-import sys  # noqa: E402
-import threading  # noqa: E402
-import uuid  # noqa: E402
-import warnings  # noqa: E402
-
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-from shmcomm import _core, hierarchy  # noqa: E402
-from shmcomm.buffer_pool import BufferPool  # noqa: E402
-from shmcomm.errors import ShmcommError  # noqa: E402
-from shmcomm.group import ProcessGroup as _ShmGroup  # noqa: E402
-from shmcomm.ops import ReduceOp  # noqa: E402
-from shmcomm.segments import sanitize_job  # noqa: E402
-from shmcomm.trust import new_secret  # noqa: E402
+from _shmcomm_torch_entry import BACKEND_NAME, autoload, register
+from shmcomm import _core, hierarchy
+from shmcomm.buffer_pool import BufferPool
+from shmcomm.errors import ShmcommError
+from shmcomm.group import ProcessGroup as _ShmGroup
+from shmcomm.ops import ReduceOp
+from shmcomm.segments import sanitize_job
+from shmcomm.trust import new_secret
 
 __all__ = ["BACKEND_NAME", "ShmcommProcessGroup", "ShmcommWork", "register"]
 
-BACKEND_NAME = "shmcomm"
-
-# This module is imported from inside `import torch` (the entry point), where nothing may raise:
-# on a torch built without distributed support it still imports, and registers nothing.
+# On a torch built without distributed support this module still imports, and registers nothing.
 _HAVE_DIST = dist.is_available()
 if _HAVE_DIST:
     from torch._C import _distributed_c10d as _c10d
@@ -982,24 +959,5 @@ def _create(options, backend_options=None) -> ShmcommProcessGroup:
                                str(options.group_id), list(options.global_ranks_in_group))
 
 
-def register() -> None:
-    """Register "shmcomm" with ``torch.distributed`` (``import shmcomm.torch`` does it already).
-
-    Example::
-
-        import shmcomm.torch
-        shmcomm.torch.register()                  # idempotent
-        dist.init_process_group("shmcomm")
-    """
-    if not _HAVE_DIST:
-        raise RuntimeError("this torch build has no torch.distributed")
-    if BACKEND_NAME in dist.Backend.backend_list and BACKEND_NAME.upper() in dist.Backend._plugins:
-        return
-    dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
-
-
-if _HAVE_DIST:
-    try:
-        register()
-    except Exception as exc:  # noqa: BLE001
-        warnings.warn(f"shmcomm: torch backend not registered: {exc}", RuntimeWarning, stacklevel=2)
+# By hand, as the entry point does where entry points are off (TORCH_DEVICE_BACKEND_AUTOLOAD=0).
+autoload()

@@ -1,0 +1,62 @@
+"""Names the ``shmcomm`` torch.distributed backend; shmcomm itself is imported on first use.
+
+torch runs every ``torch.backends`` entry point inside ``import torch``, in every program that
+imports torch, whether or not it ever uses shmcomm. So this entry point lives outside the
+``shmcomm`` package (importing ``shmcomm.anything`` runs ``shmcomm/__init__.py``, which loads the
+compiled core and gives the process a ``SHMCOMM_SECRET``): it imports nothing of shmcomm, changes
+no environment variable, and registers a creator that imports ``shmcomm.torch`` when a group of
+the backend is made. A shmcomm that fails to import then fails ``init_process_group("shmcomm")``
+with its own message, never ``import torch``.
+
+Example (what ``import torch`` does with it)::
+
+    import _shmcomm_torch_entry; _shmcomm_torch_entry.autoload()
+    torch.distributed.init_process_group("shmcomm")    # imports shmcomm.torch, then makes the group
+"""
+
+from __future__ import annotations
+
+BACKEND_NAME = "shmcomm"
+
+
+def autoload() -> None:
+    """The ``torch.backends`` entry point: register the backend; warn, never raise.
+
+    Example::
+
+        autoload()   # then: torch.distributed.init_process_group("shmcomm")
+    """
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available():  # a torch built without it: nothing to register, nothing to say
+            register()
+    except Exception as exc:  # noqa: BLE001 - torch turns an entry point's error into a failed import
+        import warnings
+
+        warnings.warn(f"shmcomm: torch backend not registered: {exc}", RuntimeWarning, stacklevel=2)
+
+
+def register() -> None:
+    """Register "shmcomm" with ``torch.distributed`` for CPU tensors, once (the one place that
+    does: ``shmcomm.torch.register`` is this function).
+
+    Example::
+
+        register(); register()                     # idempotent
+        torch.distributed.init_process_group("shmcomm")
+    """
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        raise RuntimeError("this torch build has no torch.distributed")
+    if BACKEND_NAME in dist.Backend.backend_list and BACKEND_NAME.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
+
+
+def _create(*args):
+    """The creator torch calls for each group of the backend: ``shmcomm.torch`` makes it."""
+    from shmcomm.torch import _create
+
+    return _create(*args)
