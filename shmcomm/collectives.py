@@ -38,7 +38,7 @@ __all__ = ["all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "all_gat
            "gather", "scatter", "reduce_scatter", "reduce_scatter_into", "all_to_all",
            "all_to_all_single", "all_gather_v", "gather_v", "scatter_v", "reduce_scatter_v",
            "barrier", "send", "recv", "isend", "irecv", "broadcast_object_list",
-           "all_gather_object", "gather_object", "scatter_object_list", "empty", "zeros"]
+           "all_gather_object", "gather_object", "scatter_object_list", "empty", "zeros", "scan", "exscan"]
 
 
 @overload
@@ -90,6 +90,72 @@ def all_reduce_coalesced(arrays: Sequence[Array], op: ReduceOpLike = ReduceOp.SU
         sc.all_reduce_coalesced([w_grad, b_grad], op="avg")
     """
     return resolve(group).all_reduce_coalesced(arrays, op, async_op)
+
+
+def scan(array: Array, op: ReduceOpLike = ReduceOp.SUM, group: ProcessGroup | None = None,
+         async_op: bool = False) -> Work | None:
+    """MPI's inclusive prefix reduction, in place: rank r's ``array`` becomes ``op`` over the
+    arrays of ranks 0..r (mpi4py's ``comm.Scan``).
+
+    Every dtype and op of ``all_reduce``, with its rules (half types accumulate in float32; AVG
+    divides by the number of ranks reduced, r + 1). Ranks reduce in rank order, so rank r's
+    result has the bits ``all_reduce`` over ranks 0..r would give.
+
+    Args:
+        array (ndarray | Tensor | buffer): writable C-contiguous array; same shape and dtype on
+            every rank.
+        op (ReduceOp | str | int): the reduction, default ``ReduceOp.SUM``. Same on every rank.
+        group (ProcessGroup | None): the group; default None, the default group.
+        async_op (bool): if True, queue the call and return a ``Work`` at once; default False.
+
+    Returns:
+        None once ``array`` holds the result; with ``async_op=True``, a ``Work`` whose
+        ``result()`` is ``[array]``.
+
+    Raises:
+        TypeError: not an array, an unsupported dtype, or ``op`` does not apply to the dtype.
+        ValueError: not C-contiguous or not writable; ``op`` is unknown.
+        CollectiveMismatchError: the ranks passed different sizes or dtypes, or called different
+            collectives (raised on every rank).
+        CommTimeoutError, PeerFailureError, AbortedError: as for ``all_reduce``.
+
+    Example::
+
+        x = np.full(3, sc.get_rank() + 1.0)
+        sc.scan(x)                   # rank r: 1 + 2 + ... + (r + 1)
+    """
+    return resolve(group).scan(array, op, async_op)
+
+
+def exscan(array: Array, op: ReduceOpLike = ReduceOp.SUM, group: ProcessGroup | None = None,
+           async_op: bool = False) -> Work | None:
+    """MPI's exclusive prefix reduction, in place: rank r's ``array`` becomes ``op`` over the
+    arrays of ranks 0..r-1; rank 0's is left unchanged (mpi4py's ``comm.Exscan``, where it is
+    undefined).
+
+    Dtypes, ops (AVG divides by r) and the reduction order are those of ``scan``.
+
+    Args:
+        array (ndarray | Tensor | buffer): writable C-contiguous array; same shape and dtype on
+            every rank.
+        op (ReduceOp | str | int): the reduction, default ``ReduceOp.SUM``. Same on every rank.
+        group (ProcessGroup | None): the group; default None, the default group.
+        async_op (bool): if True, queue the call and return a ``Work`` at once; default False.
+
+    Returns:
+        None once ``array`` holds the result; with ``async_op=True``, a ``Work`` whose
+        ``result()`` is ``[array]``.
+
+    Raises:
+        TypeError, ValueError, CollectiveMismatchError, CommTimeoutError, PeerFailureError,
+        AbortedError: as for ``scan``.
+
+    Example::
+
+        offsets = np.array([len(my_rows)])
+        sc.exscan(offsets)           # rank r: rows held by ranks before it (rank 0: its own)
+    """
+    return resolve(group).exscan(array, op, async_op)
 
 
 def isend(array: Array, dst: int, tag: int = 0, group: ProcessGroup | None = None) -> Work:

@@ -153,6 +153,18 @@ class ProcessGroup(_core.GroupCore):
                 reduce_one(a, code)
         return self._comm.submit(run, (), arrays, async_op)
 
+    def scan(self, array: Array, op: ReduceOpLike = ReduceOp.SUM, async_op: bool = False) -> Work | None:
+        """``shmcomm.scan`` on this group (its text is copied here at import)."""
+        from shmcomm.prefix import prefix_reduce
+
+        return prefix_reduce(self, array, op, False, async_op)
+
+    def exscan(self, array: Array, op: ReduceOpLike = ReduceOp.SUM, async_op: bool = False) -> Work | None:
+        """``shmcomm.exscan`` on this group (its text is copied here at import)."""
+        from shmcomm.prefix import prefix_reduce
+
+        return prefix_reduce(self, array, op, True, async_op)
+
     # ---- point to point ---------------------------------------------------------------------
     def isend(self, array: Array, dst: int, tag: int = 0) -> Work:
         """``shmcomm.isend`` on this group (its text is copied here at import)."""

@@ -129,5 +129,13 @@ z = np.full(2, float(rank))
 sc.all_reduce(z, group=rail)
 assert (z == float(sum(r for r in range(size) if r % 2 == rank % 2))).all(), z
 checked += 3
+for dtype in map(np.dtype, (np.float64, np.int32)):  # MPI's prefix reductions across nodes
+    inputs = [make_input(dtype, 1001, r, salt=9) for r in range(size)]
+    x, y = inputs[rank].copy(), inputs[rank].copy()
+    sc.scan(x, op="max")
+    assert_same_bits(x, reduce_reference(inputs[:rank + 1], "MAX"), f"scan {dtype}")
+    sc.exscan(y, async_op=True).wait()
+    close_or_same(y, reduce_reference(inputs[:rank], "SUM") if rank else inputs[0], f"exscan {dtype}")
+    checked += 2
 print(f"rank {rank} numpy ok {checked} on {len(pg.topology.nodes)} nodes", flush=True)
 sc.destroy_process_group()

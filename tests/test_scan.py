@@ -1,0 +1,60 @@
+"""scan and exscan (MPI's prefix reductions) against numpy, every dtype and op, world sizes 1-4."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import shmcomm as sc
+from harness import run_ranks
+from reference import DTYPES, assert_same_bits, make_input, ops_for, reduce_reference
+
+
+def _prefixes(rank, size):
+    checked = 0
+    for dtype in DTYPES:
+        for count in (0, 1, 7, 40_003):
+            inputs = [make_input(dtype, count, r, salt=3) for r in range(size)]
+            for op in ops_for(dtype):
+                x = inputs[rank].copy()
+                sc.scan(x, op=op)
+                assert_same_bits(x, reduce_reference(inputs[:rank + 1], op), f"scan {dtype} {op} {count}")
+                y = inputs[rank].copy()
+                work = sc.exscan(y, op=op, async_op=True)
+                work.wait()
+                want = reduce_reference(inputs[:rank], op) if rank else inputs[0]
+                assert_same_bits(y, want, f"exscan {dtype} {op} {count}")
+                checked += 2
+    z = np.arange(6, dtype=np.int64).reshape(2, 3) + rank  # any shape
+    sc.scan(z, op=sc.ReduceOp.MAX)
+    assert (z == np.arange(6).reshape(2, 3) + rank).all()
+    with pytest.raises(TypeError):
+        sc.scan(np.ones(3, np.float32), op="band")  # refused on every rank, before any step
+    sc.barrier()
+    return checked
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_scan_and_exscan_every_dtype_and_op(world):
+    assert len(set(run_ranks(_prefixes, world, timeout=220))) == 1
+
+
+def _torch_and_subgroups(rank, size):
+    import torch
+
+    t = torch.full((5,), float(rank + 1), dtype=torch.bfloat16)
+    sc.scan(t)
+    assert t.tolist() == [float((rank + 1) * (rank + 2) // 2)] * 5, t
+    sub = sc.new_group([2, 0])  # ranks of the sub-group: 0 -> rank 0, 1 -> rank 2
+    if sub is not None:
+        x = np.array([float(rank + 10)])
+        sc.exscan(x, group=sub)
+        assert x[0] == 10.0, (rank, sub.rank, x)  # sub-group rank 0's own value; rank 1 gets it
+    return True
+
+
+@pytest.mark.timeout(60)
+def test_scan_on_torch_tensors_and_sub_groups():
+    pytest.importorskip("torch")
+    assert all(run_ranks(_torch_and_subgroups, 3))
