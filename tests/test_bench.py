@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -560,6 +561,109 @@ def test_backends_take_turns_step_by_step_with_rounds_and_skipped_cases(tmp_path
     for r in recs:
         assert len(r["round_times_us"]) == 2 and r["time_us"] == min(r["round_times_us"])
         assert r["wrong"] == 0
+
+
+def _workers_alive() -> dict[str, int]:
+    """This process's benchmark workers that have not exited, counted per backend."""
+    import psutil
+
+    alive: dict[str, int] = {}
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            cmd = proc.cmdline()
+            if "--worker" in cmd and proc.status() != psutil.STATUS_ZOMBIE:
+                backend = cmd[cmd.index("--worker") + 1]
+                alive[backend] = alive.get(backend, 0) + 1
+        except psutil.Error:  # exited meanwhile
+            pass
+    return alive
+
+
+TURNS_CFG = {"cases": [Case("all_reduce", "float32", "sum", -1)], "sizes": [8, 64], "iters": 3, "warmup": 1,
+             "target_time": 0.01, "zero_copy": False, "check": True, "timeout": 60, "rounds": 1}
+
+
+@pytest.mark.timeout(120)
+def test_no_backend_leaves_its_group_while_another_measures():
+    """#33 item 4: a backend that measured its last size tore down (gloo's threads, MPI's finalize)
+    while the others still measured theirs. Each row waits a second at the last size, time enough
+    for a finished backend to exit: every worker of both backends must still be there."""
+    pytest.importorskip("torch")
+    seen = []
+
+    def progress(backend, row):
+        if row["size"] == TURNS_CFG["sizes"][-1]:
+            time.sleep(1.0)
+        seen.append((backend, row["size"], _workers_alive()))
+
+    shm, gloo = bench.run_backends(["shmcomm", "gloo"], 2, TURNS_CFG, progress)
+    assert shm.status == gloo.status == "ok", shm.reason + gloo.reason
+    # the last size's turn starts with gloo (the order alternates), then shmcomm measures alone
+    assert [(b, size) for b, size, _ in seen] == [("shmcomm", 8), ("gloo", 8), ("gloo", 64), ("shmcomm", 64)]
+    assert all(alive == {"shmcomm": 2, "gloo": 2} for _, _, alive in seen), seen
+    assert _workers_alive() == {}
+
+
+@pytest.mark.timeout(180)
+def test_serial_runs_each_backend_alone_alternating_per_round():
+    """--serial: one backend's workers at a time, a whole sweep each, the order of the backends
+    alternating per round; rows keep their round, so the best of the rounds is reported."""
+    pytest.importorskip("torch")
+    seen = []
+    cfg = dict(TURNS_CFG, rounds=2)
+    shm, gloo = bench.run_backends(["shmcomm", "gloo"], 2, cfg,
+                                   lambda backend, row: seen.append((backend, row["size"], _workers_alive())),
+                                   serial=True)
+    assert shm.status == gloo.status == "ok", shm.reason + gloo.reason
+    order = ["shmcomm", "gloo", "gloo", "shmcomm"]  # round 0, then round 1 reversed
+    assert [(b, size) for b, size, _ in seen] == [(b, size) for b in order for size in (8, 64)]
+    assert all(alive == {b: 2} for b, _, alive in seen), seen
+    assert [r["round"] for r in shm.rows] == [0, 0, 1, 1] and [r["round"] for r in gloo.rows] == [0, 0, 1, 1]
+    recs = bench.report._records([shm, gloo], 2, cfg)
+    assert len(recs) == 4  # 2 backends x 2 sizes, in place only
+    for r in recs:
+        assert len(r["round_times_us"]) == 2 and r["time_us"] == min(r["round_times_us"]) and r["wrong"] == 0
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("cores, flags, mode", [
+    (2, [], "backends one after another, each alone (default for 2 ranks x 2 backends > 2 cores)"),
+    (4, [], "backends at once, taking turns size by size (default for 2 ranks x 2 backends <= 4 cores)"),
+    (4, ["--serial"], "backends one after another, each alone (--serial)"),
+    (2, ["--interleave"], "backends at once, taking turns size by size (--interleave)"),
+])
+def test_mode_defaults_to_serial_when_ranks_times_backends_exceed_the_cores(monkeypatch, cores, flags, mode):
+    pytest.importorskip("torch")
+    monkeypatch.setattr(bench.cli, "usable_cores", lambda: list(range(cores)))
+    args = bench.parse_args(["all_reduce", "-n", "2", "--backend", "shmcomm,gloo", *flags])
+    assert args.mode == mode and args.serial == mode.startswith("backends one after another")
+    monkeypatch.setenv("SHMCOMM_BENCH_UNAVAILABLE", "gloo")  # a backend that cannot run takes no cores
+    assert bench.parse_args(["all_reduce", "-n", "2", "--backend", "shmcomm,gloo"]).mode == "backend shmcomm alone"
+
+
+@pytest.mark.timeout(120)
+def test_header_and_json_say_which_mode_ran(capsys, tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    monkeypatch.setattr(bench.cli, "usable_cores", lambda: [0, 1])
+    js = tmp_path / "m.json"
+    status, out, err = run_main(capsys, "all_reduce", "-n", "2", *TINY, "--backend", "shmcomm,gloo",
+                                "--json", str(js))
+    assert status == 0, out + err
+    mode = "backends one after another, each alone (default for 2 ranks x 2 backends > 2 cores)"
+    assert out.splitlines()[1] == f"# {mode}"
+    doc = json.loads(js.read_text())
+    assert doc["meta"]["mode"] == mode and doc["meta"]["serial"] is True
+    assert {r["backend"] for r in doc["rows"]} == {"shmcomm", "gloo"}
+
+
+@pytest.mark.timeout(30)
+def test_version_and_conflicting_modes(capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out == f"shmcomm-bench {shmcomm.__version__}\n"
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["all_reduce", "-n", "2", "--serial", "--interleave"])
+    assert exc.value.code == 2 and "not allowed with argument --serial" in capsys.readouterr().err
 
 
 @pytest.mark.timeout(120)

@@ -6,6 +6,7 @@ Same as ``python -m shmcomm.bench``::
     shmcomm-bench all -n 4 -b 8 -e 1M --check --json out.json --csv out.csv --plot out.png
     shmcomm-bench all_reduce -n 2 -b 8 -e 64K --dtype all --op all --check
     shmcomm-bench broadcast -n 4 -b 1M -e 1M --root all --zero-copy --iters 50
+    shmcomm-bench all_reduce -n 2 --backend shmcomm,gloo --serial --rounds 3
 
 For each backend the tool starts N worker processes (``shmcomm``: this Python, one job name per
 run; ``gloo``: ``torch.distributed`` over 127.0.0.1; ``mpi``: ``mpi4py`` under ``mpirun``). Every
@@ -14,11 +15,15 @@ JSON line per step back to this process, which shows progress on stderr (live on
 prints, per collective and backend, a table with the nccl-tests columns, then (when peers ran)
 shmcomm's time divided by each peer's.
 
-All backends' workers run at once and take turns: one backend measures a step while the others
-sleep in a blocking read, then the next backend measures the same step (the order alternates), so
-a shared machine's drift from minute to minute hits every backend alike and the ratios compare
-like with like. ``--rounds K`` measures each step K times per backend that way and keeps the
-round with the best median.
+Nothing runs beside the backend that measures. With ``--interleave`` all backends' workers run at
+once and take turns: one backend measures a step while the others sleep in a blocking read, then
+the next backend measures the same step (the order alternates), so a shared machine's drift from
+minute to minute hits every backend alike and the ratios compare like with like. With
+``--serial`` (the default when ranks x backends exceed the cores) the backends run one after
+another, each alone, the order alternating from round to round. Either way no backend leaves its
+group (gloo's threads, MPI's finalize) before every backend measured its last step; the header
+says which mode ran. ``--rounds K`` measures each step K times per backend and keeps the round
+with the best median.
 
 How a time is measured: each iteration first refills the input buffers (a cheap fill with a value
 that changes every iteration, outside the timed region, so no iteration reuses the previous

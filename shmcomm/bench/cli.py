@@ -117,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
         "optionally against torch.distributed gloo and MPI measured in the same run.",
         epilog="Every iteration is timed; its time is the slowest rank's. Rows show the median "
         "(time), min and p90 over iterations. Sizes take K/M/G (x1024).")
+    p.add_argument("--version", action="version", version=f"{PROG} {shmcomm.__version__}")
     p.add_argument("collective", type=_collective_arg, metavar="COLLECTIVE|all",
                    help=f"one of: {', '.join(COLLECTIVES)}; or all")
     p.add_argument("-n", "--nranks", type=_positive_int, required=True, help="number of ranks")
@@ -138,11 +139,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-time", type=float, default=0.1, metavar="SECONDS",
                    help="aim of the automatic iteration count, per size and variant (default 0.1)")
     p.add_argument("--backend", type=_backends_arg, default=["shmcomm"],
-                   help="comma-separated: shmcomm,gloo,mpi (default shmcomm); they run at the same "
-                   "time and take turns size by size")
+                   help="comma-separated: shmcomm,gloo,mpi (default shmcomm)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--serial", action="store_true",
+                      help="run the backends one after another, each alone (the default when ranks x "
+                      "backends exceed the cores)")
+    mode.add_argument("--interleave", action="store_true",
+                      help="start every backend at once; they take turns size by size (the default "
+                      "otherwise)")
     p.add_argument("--rounds", type=_positive_int, default=1,
-                   help="measure every size this many times per backend, taking turns, and report "
-                   "the round with the best median (default 1)")
+                   help="measure every size this many times per backend, the backends alternating, "
+                   "and report the round with the best median (default 1)")
     p.add_argument("--zero-copy", action="store_true", help="shmcomm buffers from sc.empty (shared memory)")
     p.add_argument("--check", action="store_true",
                    help="verify every result against a numpy reference (#wrong column)")
@@ -185,6 +192,22 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     skipped += [(Case(ALL, d, "none", -1), dtypes.unavailable(d)) for d in names if d not in held]
     args.cases, args.skipped = cases, skipped
     args.dtypes, args.ops, args.roots = held, ops, roots
+    args.serial, args.mode = _mode(args)
+
+
+def _mode(args: argparse.Namespace) -> tuple[bool, str]:
+    """Whether the backends run one after another, and the header's words for how they ran."""
+    running = [b for b in args.backend if backend_cases(b, args.cases)[0]]
+    if len(running) < 2:
+        return True, f"backend {running[0]} alone" if running else "no backend can run"
+    cores = len(usable_cores())
+    crowded = args.nranks * len(running) > cores
+    why = ("--serial" if args.serial else "--interleave" if args.interleave else
+           f"default for {args.nranks} ranks x {len(running)} backends {'>' if crowded else '<='} {cores} cores")
+    serial = args.serial or (crowded and not args.interleave)
+    if serial:
+        return True, f"backends one after another, each alone ({why})"
+    return False, f"backends at once, taking turns size by size ({why})"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -247,6 +270,7 @@ def _preamble(args, cfg: dict) -> list[str]:
     return [f"# {PROG} {shmcomm.__version__} | {args.nranks} ranks on {len(usable_cores())} cores "
             f"({platform.machine()}) | {span} | dtype {','.join(args.dtypes)} | op {','.join(args.ops)} | "
             f"root {','.join(map(str, args.roots))} | {iters} | check {'on' if args.check else 'off'}",
+            f"# {args.mode}",
             "# time: each iteration is timed on every rank and takes the slowest rank's time; "
             "'time' is the median over iterations, 'min' and 'p90' the fastest and the 90th "
             "percentile; algbw and busbw use the median"]
@@ -279,7 +303,7 @@ def run(args: argparse.Namespace, out=None) -> int:
     load_before = _loadavg()
     try:
         results = run_backends(args.backend, args.nranks, cfg, progress, args.timeout,
-                               shlex.split(args.mpirun_args))
+                               shlex.split(args.mpirun_args), serial=args.serial)
     except KeyboardInterrupt:
         results = None
     progress.finish()
@@ -293,7 +317,8 @@ def run(args: argparse.Namespace, out=None) -> int:
             "nranks": args.nranks, "cores": len(usable_cores()), "collectives": args.collectives,
             "sizes": cfg["sizes"], "dtype": _one_or_list(args.dtypes), "op": _one_or_list(args.ops),
             "root": _one_or_list(args.roots), "iters": args.iters, "warmup": args.warmup,
-            "target_time": args.target_time, "rounds": args.rounds, "zero_copy": args.zero_copy,
+            "target_time": args.target_time, "rounds": args.rounds, "mode": args.mode,
+            "serial": args.serial, "zero_copy": args.zero_copy,
             "check": args.check, "time": "time_us: median over iterations of the slowest rank's time; "
             "min_us, p90_us: minimum and 90th percentile of the same", "loadavg_before": load_before,
             "loadavg_after": load_after, "python": platform.python_version(), "machine": platform.machine(),

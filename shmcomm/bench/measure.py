@@ -188,6 +188,7 @@ def _worker_main(backend: str, cfg: dict) -> int:
                     del case  # frees (zero-copy: unmaps) the buffers before the next one
             if wk.rank == 0:
                 _emit(row)
+        gate.wait()  # until every backend measured its last step: leaving the group is work too
         wk.barrier()
         if wk.rank == 0:
             _emit({"event": "done"})

@@ -186,7 +186,7 @@ def run_backend(backend: str, nranks: int, cfg: dict, progress=None, timeout: fl
 
 
 def run_backends(backends: list[str], nranks: int, cfg: dict, progress=None, timeout: float = 300.0,
-                 mpi_args: list[str] | None = None) -> list[BackendResult]:
+                 mpi_args: list[str] | None = None, serial: bool = False) -> list[BackendResult]:
     """Run the sweep described by ``cfg`` on every backend, ``nranks`` ranks each, and return one
     result per backend in order; never raises for a failing or missing backend (see
     ``BackendResult.status``).
@@ -195,14 +195,50 @@ def run_backends(backends: list[str], nranks: int, cfg: dict, progress=None, tim
     ``target_time``, ``zero_copy``, ``check``, ``timeout`` and ``rounds``. A backend runs the
     cases it can (``cases.peer_skip`` says why not for the others, in ``BackendResult.skipped``).
 
-    Every backend's workers start at once and take turns (see ``turns``): each step (a case at a
-    size, each of ``cfg["rounds"]`` rounds) is measured by one backend after the other, the order
-    alternating, so machine drift hits all of them alike. ``progress(backend, row)`` is called for
-    every step; ``timeout`` is how long a backend may take to start or to finish one step before
-    it is stopped::
+    Either way nothing runs beside the backend that measures: the others sleep at a gate (see
+    ``turns``), and none leaves its group (gloo's threads, MPI's finalize) before every backend
+    has measured its last step.
+
+    - ``serial=False``: every backend's workers start at once and take turns: each step (a case at
+      a size, each of ``cfg["rounds"]`` rounds) is measured by one backend after the other, the
+      order alternating, so machine drift hits all of them alike.
+    - ``serial=True``: one backend's workers at a time, each sweep alone (no idle peer holds
+      memory or threads), a round at a time, the order of the backends alternating per round.
+
+    ``progress(backend, row)`` is called for every step; ``timeout`` is how long a backend may take
+    to start or to finish one step before it is stopped::
 
         shm, mpi = run_backends(["shmcomm", "mpi"], 2, cfg)
+        shm, mpi = run_backends(["shmcomm", "mpi"], 2, cfg, serial=True)
     """
+    args = (nranks, progress, timeout, mpi_args or [])
+    if not serial:
+        return _take_turns(backends, cfg, *args)
+    results: dict[str, BackendResult] = {}
+    for rnd in range(cfg.get("rounds", 1)):
+        for backend in backends if rnd % 2 == 0 else backends[::-1]:
+            if results.get(backend, BackendResult(backend, "ok")).status != "ok":
+                continue  # skipped or failed in an earlier round: its result stands
+            (res,) = _take_turns([backend], dict(cfg, rounds=1), *args)
+            for row in res.rows:
+                row["round"] = rnd
+            results[backend] = _merged(results.get(backend), res)
+    return [results[b] for b in backends]
+
+
+def _merged(earlier: BackendResult | None, res: BackendResult) -> BackendResult:
+    """One backend's result over the rounds of a serial run: ``res`` added to ``earlier``."""
+    if earlier is None:
+        return res
+    earlier.rows += res.rows
+    earlier.warnings += res.warnings
+    earlier.status, earlier.reason = res.status, res.reason
+    return earlier
+
+
+def _take_turns(backends: list[str], cfg: dict, nranks: int, progress, timeout: float,
+                mpi_args: list[str]) -> list[BackendResult]:
+    """``run_backends`` with every backend's workers at once, taking turns step by step."""
     results: dict[str, BackendResult] = {}
     running: list[_Running] = []
     every = [Case(*c) for c in cfg["cases"]]
@@ -213,7 +249,7 @@ def run_backends(backends: list[str], nranks: int, cfg: dict, progress=None, tim
                 if not mine:
                     results[backend] = BackendResult(backend, "skipped", why, skipped=skipped)
                     continue
-                run = _Running.start(backend, nranks, dict(cfg, cases=mine), tmp, mpi_args or [], timeout,
+                run = _Running.start(backend, nranks, dict(cfg, cases=mine), tmp, mpi_args, timeout,
                                      progress)
                 run.result.skipped = skipped
                 running.append(run)
@@ -225,6 +261,11 @@ def run_backends(backends: list[str], nranks: int, cfg: dict, progress=None, tim
                     if run.live and step.case in run.cases:
                         run.gates.open()
                         run.next("row")
+            # Every backend measured its last step: only now may they leave their groups (each
+            # waits at one last gate), so no teardown runs beside another backend's measurement.
+            for run in running:
+                if run.live:
+                    run.gates.open()
             for run in running:
                 run.next("done")
         finally:

@@ -7,8 +7,10 @@ backend measure one size (one round of it) at a time, then the next backend the 
 
 The parent makes a named pipe (FIFO) per worker rank and keeps it open read-write, so neither side
 ever blocks opening it. Before each size a worker reads one byte from its pipe: a blocking read,
-which costs no CPU while the other backend measures (MPI's own waits would busy-poll a core). The
-parent closing its end (or dying) gives the worker end-of-file, and the worker stops.
+which costs no CPU while the other backend measures (MPI's own waits would busy-poll a core). It
+reads once more after its last size, and leaves its group (gloo's threads, MPI's finalize) only
+when the parent lets it, after every backend measured its last size. The parent closing its end
+(or dying) gives the worker end-of-file, and the worker stops.
 
 Parent::
 
