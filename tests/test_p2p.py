@@ -244,3 +244,24 @@ def _single_copy_messages(rank, size):
 @pytest.mark.timeout(60)
 def test_single_copy_messages():
     assert all(run_ranks(_single_copy_messages, 2, env={"SHMCOMM_CMA_BYTES": 4096}))
+
+
+def _send_then_recv_both_ways(rank, size, nbytes, rounds):
+    """Both ranks send first, then receive: above the ring, each blocking send waited for the
+    other's receive, which never came (a random CommTimeoutError: 5 of 6 runs at 320 KB)."""
+    peer = 1 - rank
+    count = nbytes // 8
+    for i in range(rounds):
+        mine = np.full(count, rank * 1000.0 + i)
+        got = np.empty(count)
+        sc.send(mine, dst=peer, tag=i)
+        assert sc.recv(got, src=peer, tag=i) == peer
+        assert (got == peer * 1000.0 + i).all(), (i, got[:3])
+    return True
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("nbytes,rounds", [(300_000, 20), (30 << 20, 20)], ids=["300KB", "30MiB"])
+def test_blocking_send_then_recv_both_ways_never_deadlocks(nbytes, rounds):
+    assert all(run_ranks(_send_then_recv_both_ways, 2, nbytes, rounds, env={"SHMCOMM_TIMEOUT": 10},
+                         timeout=100))
