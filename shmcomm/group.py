@@ -307,7 +307,10 @@ def job_arguments(rank: int | None, world_size: int | None, name: str | None,
 
 def _multinode_environment(world_size: int) -> bool:
     """True under a launch on several nodes (torchrun, shmrun --nnodes): LOCAL_WORLD_SIZE says
-    fewer ranks run here than WORLD_SIZE."""
+    fewer ranks run here than WORLD_SIZE; or with SHMCOMM_SIMULATE_NODES above 1 (blocks of ranks
+    acting as nodes on this machine, for tests and benchmarks)."""
+    if world_size > 1 and os.environ.get("SHMCOMM_SIMULATE_NODES", "").strip() not in ("", "1"):
+        return True
     local = os.environ.get("LOCAL_WORLD_SIZE")
     try:
         return local is not None and int(local) != world_size

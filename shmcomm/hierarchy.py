@@ -44,7 +44,7 @@ from shmcomm.ops import ReduceOp, op_code
 from shmcomm.scratch import Scratch
 
 __all__ = ["Topology", "HierarchicalComm", "HierarchicalGroup", "host_identity", "exchange_hosts",
-           "init_multinode"]
+           "init_multinode", "simulated_nodes"]
 
 _SUM, _AVG, _PREMUL = int(ReduceOp.SUM), int(ReduceOp.AVG), _core.PREMUL_SUM
 # all_reduce at or below this many bytes: reduce to each node's leader, all_reduce along rail 0,
@@ -54,9 +54,31 @@ SMALL_BYTES = 4 << 20
 
 
 # ---- where every rank runs ----------------------------------------------------------------------
-def host_identity() -> str:
+def simulated_nodes() -> int:
+    """``SHMCOMM_SIMULATE_NODES`` (testing and benchmarking): the number of blocks of
+    consecutive ranks that act as separate nodes on this machine; 1 when unset.
+
+    Example::
+
+        os.environ["SHMCOMM_SIMULATE_NODES"] = "2"; simulated_nodes()   # 2
+    """
+    raw = os.environ.get("SHMCOMM_SIMULATE_NODES", "").strip()
+    if not raw:
+        return 1
+    try:
+        k = int(raw)
+    except ValueError:
+        k = 0
+    if k < 1:
+        raise ValueError(f"SHMCOMM_SIMULATE_NODES must be an integer >= 1, got {raw!r}")
+    return k
+
+
+def host_identity(rank: int | None = None, size: int | None = None) -> str:
     """Host name, boot id and the /dev/shm mount: ranks sharing all three see one another's
-    segments (containers on one kernel with private /dev/shm mounts differ in the last).
+    segments (containers on one kernel with private /dev/shm mounts differ in the last). Under
+    ``SHMCOMM_SIMULATE_NODES=K``, rank ``rank`` of ``size`` also names its block of consecutive
+    ranks, so that the blocks act as K nodes.
 
     Example::
 
@@ -74,7 +96,9 @@ def host_identity() -> str:
         shm = f"{st.st_dev}:{st.st_ino}"
     except OSError:
         shm = "?"
-    return f"{socket.gethostname()} (boot id {boot}, /dev/shm {shm})"
+    k = simulated_nodes()
+    block = f" [simulated node {rank * k // size} of {k}]" if k > 1 and rank is not None and size else ""
+    return f"{socket.gethostname()}{block} (boot id {boot}, /dev/shm {shm})"
 
 
 def exchange_hosts(store, key: str, rank: int, size: int) -> list[str]:
@@ -84,7 +108,7 @@ def exchange_hosts(store, key: str, rank: int, size: int) -> list[str]:
 
         hosts = exchange_hosts(store, "shmcomm/0", rank, size)
     """
-    mine = host_identity()
+    mine = host_identity(rank, size)
     store.set(f"{key}/host/{rank}", mine)
     return [mine if r == rank else store.get(f"{key}/host/{r}").decode() for r in range(size)]
 

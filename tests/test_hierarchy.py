@@ -102,3 +102,20 @@ def test_composed_collectives_match_numpy_in_both_rank_layouts(layout, tmp_path)
         for r in range(size):
             assert results[r][("all_gather", count)] == bits(everyone), f"all_gather {count} rank {r}"
             assert results[r][("broadcast", count)] == bits(last), f"broadcast {count} rank {r}"
+
+
+@pytest.mark.timeout(180)
+def test_simulated_nodes_run_the_numpy_api_under_shmrun():
+    """SHMCOMM_SIMULATE_NODES=2: four ranks of one shmrun act as two nodes of two (shared memory
+    inside each block, gloo between), so the hierarchy runs without namespaces."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent / "multinode_scripts" / "numpy_api.py"
+    env = {**os.environ, "SHMCOMM_SIMULATE_NODES": "2"}
+    done = subprocess.run([sys.executable, "-m", "shmcomm.launch", "-n", "4", str(script)], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=170)
+    assert done.returncode == 0, done.stdout[-4000:]
+    assert done.stdout.count("numpy ok") == 4 and "on 2 nodes" in done.stdout, done.stdout[-3000:]
