@@ -25,7 +25,7 @@ from shmcomm._core import (  # noqa: F401
     broadcast, gather, gather_v, recv, reduce, reduce_scatter, reduce_scatter_into,
     reduce_scatter_v, scatter, scatter_v, send,
 )
-from shmcomm.group import ProcessGroup, resolve
+from shmcomm.group import PROC_NULL, ProcessGroup, resolve
 from shmcomm.ops import ReduceOp
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 __all__ = ["all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "all_gather", "all_gather_into",
            "gather", "scatter", "reduce_scatter", "reduce_scatter_into", "all_to_all",
            "all_to_all_single", "all_gather_v", "gather_v", "scatter_v", "reduce_scatter_v",
-           "barrier", "send", "recv", "isend", "irecv", "broadcast_object_list",
+           "barrier", "send", "recv", "isend", "irecv", "sendrecv", "PROC_NULL", "broadcast_object_list",
            "all_gather_object", "gather_object", "scatter_object_list", "empty", "zeros", "scan", "exscan"]
 
 
@@ -234,6 +234,57 @@ def irecv(array: Array, src: int | None = None, tag: int = 0, group: ProcessGrou
             w.wait(); print("from", w.source_rank(), buf)
     """
     return resolve(group).irecv(array, src, tag)
+
+
+def sendrecv(sendbuf: Array, dst: int, recvbuf: Array, src: int | None, sendtag: int = 0, recvtag: int = 0,
+             group: ProcessGroup | None = None) -> int:
+    """Send ``sendbuf`` to rank ``dst`` and receive a message from ``src`` into ``recvbuf``, both at
+    once; returns the sender's rank (mpi4py's ``comm.Sendrecv``).
+
+    The send and the receive are posted together and then both waited for, so a ring or a halo
+    exchange, where every rank sends to one neighbour and receives from the other, cannot
+    deadlock. ``PROC_NULL`` as ``dst`` or ``src`` skips that half, as at the edges of a
+    non-periodic exchange. Messages are matched as ``send``'s and ``recv``'s (a ``send`` or
+    ``isend`` elsewhere may be the other end).
+
+    Args:
+        sendbuf (ndarray | Tensor | buffer): the C-contiguous array to send (any dtype of
+            ``all_reduce``; any size, 0 included).
+        dst (int): the receiving rank, within the group, or ``PROC_NULL`` (send nothing).
+        recvbuf (ndarray | Tensor | buffer): the writable C-contiguous array that receives the
+            message; not ``sendbuf``, nor overlapping it.
+        src (int | None): the sending rank, within the group; None: any rank; ``PROC_NULL``:
+            receive nothing.
+        sendtag (int): the send's 64-bit signed tag; default 0.
+        recvtag (int): the tag the receive matches; default 0.
+        group (ProcessGroup | None): the group; default None, the default group
+            (``ValueError`` if shmcomm is not initialized; ``TypeError`` if not a
+            ProcessGroup).
+
+    Returns:
+        int: the rank the message came from; ``PROC_NULL`` when ``src`` is ``PROC_NULL``.
+
+    Raises:
+        TypeError: an array is not one or has an unsupported dtype; ``dst``, ``src`` or a tag is
+            not an int.
+        ValueError: ``dst`` or ``src`` is not a rank of the group nor ``PROC_NULL``; a tag does
+            not fit in 64 bits; an array is not C-contiguous, or ``recvbuf`` not writable;
+            ``sendbuf`` is ``recvbuf``.
+        CollectiveMismatchError: the message has another size or dtype than ``recvbuf``.
+        CommTimeoutError: a half did not complete within the group's timeout.
+        PeerFailureError: the partner died.
+        AbortedError: the group was aborted.
+
+    Example::
+
+        r, n = sc.get_rank(), sc.get_world_size()       # a 1-D halo exchange, not periodic
+        left = r - 1 if r > 0 else sc.PROC_NULL
+        right = r + 1 if r < n - 1 else sc.PROC_NULL
+        u = np.full(6, float(r))                        # u[0] and u[5] are ghost cells
+        sc.sendrecv(u[1:2], left, u[5:], right)         # my first cell left, right's first in
+        sc.sendrecv(u[4:5], right, u[:1], left)         # my last cell right, left's last in
+    """
+    return resolve(group).sendrecv(sendbuf, dst, recvbuf, src, sendtag, recvtag)
 
 
 def broadcast_object_list(object_list: list[Any], src: int = 0, group: ProcessGroup | None = None) -> None:

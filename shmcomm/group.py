@@ -30,6 +30,9 @@ __all__ = ["ProcessGroup", "init_process_group", "is_initialized", "get_rank", "
            "new_group", "split", "new_subgroups", "destroy_process_group", "default_group"]
 
 DEFAULT_TIMEOUT = 300.0
+# A send or receive partner of ``sendrecv`` that is none, as MPI's ``PROC_NULL``: the ranks at the
+# edges of a non-periodic halo exchange have one neighbour.
+PROC_NULL = -1
 
 
 class ProcessGroup(_core.GroupCore):
@@ -179,6 +182,32 @@ class ProcessGroup(_core.GroupCore):
         self._p2p.post_recv(work._future, array, source, _tag_arg(tag), work)
         return work
 
+    def sendrecv(self, sendbuf: Array, dst: int, recvbuf: Array, src: int | None, sendtag: int = 0,
+                 recvtag: int = 0) -> int:
+        """``shmcomm.sendrecv`` on this group (its text is copied here at import)."""
+        if sendbuf is recvbuf and PROC_NULL not in (dst, src):
+            raise ValueError("sendbuf and recvbuf must be different arrays (MPI's Sendrecv rule)")
+        # Checked before anything is posted: a receive left posted by a failed call would take a
+        # later message. The send goes first, so a bad recvbuf leaves at most a message in flight.
+        _partner_arg(dst, "dst", self.size, allow_any=False)
+        _partner_arg(src, "src", self.size, allow_any=True)
+        _tag_arg(sendtag)
+        _tag_arg(recvtag)
+        # Both posted before either is waited for: in a ring where every rank sends first, a
+        # message larger than a slot waits for its receive, which would never be posted.
+        send = None if dst == PROC_NULL else self.isend(sendbuf, dst, sendtag)
+        recv = None if src == PROC_NULL else self.irecv(recvbuf, src, recvtag)
+        errors: list[Exception] = []
+        for work in (recv, send):  # both end before an error is raised: neither is left in flight
+            try:
+                if work is not None:
+                    work.wait()
+            except Exception as exc:  # noqa: BLE001 - the first one is raised below
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+        return PROC_NULL if recv is None else recv.source_rank()
+
     # ---- object collectives -----------------------------------------------------------------
     def broadcast_object_list(self, object_list: list[Any], src: int = 0) -> None:
         """``shmcomm.broadcast_object_list`` on this group (its text is copied here at import)."""
@@ -257,6 +286,17 @@ _rank_arg = _core.rank_arg
 
 
 _tag_arg = _core.tag_arg
+
+
+def _partner_arg(rank: int | None, name: str, size: int, allow_any: bool) -> None:
+    """Refuse a ``sendrecv`` partner that is not a rank of a group of ``size``, ``PROC_NULL``, or
+    (``allow_any``) None for any rank."""
+    if rank is None and allow_any:
+        return
+    r = _rank_arg(rank, name)
+    if r != PROC_NULL and not 0 <= r < size:
+        anyone = ", None (any rank)" if allow_any else ""
+        raise ValueError(f"{name} must be a rank of the group (0 to {size - 1}){anyone} or PROC_NULL, got {r}")
 
 
 # ---- the default group and module-level management ------------------------------------------

@@ -1,6 +1,8 @@
 """Documentation checks, in one place: every public object (and public method) of shmcomm,
-shmcomm.rpc and shmcomm.torch has a docstring with an example, and every ``>>>`` example in the
-compiled core and the Python modules runs as a doctest."""
+shmcomm.rpc and shmcomm.torch has a docstring with an example, every ``>>>`` example in the
+compiled core and the Python modules runs as a doctest, the mpi4py guide does not contradict
+itself, and the docs' conf.py documents a built shmcomm, never the checkout's uncompiled source
+(these two need no Sphinx; tests/test_docs_site.py builds the site)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,13 @@ import asyncio
 import doctest
 import importlib
 import inspect
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -32,7 +40,7 @@ def _modules():
 def _public(module):
     for name in module.__all__:
         obj = getattr(module, name)
-        if isinstance(obj, str) or (inspect.isclass(obj) and issubclass(obj, BaseException)):
+        if isinstance(obj, (str, int)) or (inspect.isclass(obj) and issubclass(obj, BaseException)):
             continue  # constants; error classes are documented in shmcomm.errors as a family
         yield f"{module.__name__}.{name}", obj
         if inspect.isclass(obj):
@@ -85,3 +93,41 @@ def test_process_group_methods_share_the_module_functions_text():
             assert section in func and section in method, (name, section)
         assert "    group (" in func and "    group (" not in method, name
         assert f"pg.{name}(" in method, name
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_mpi4py_guide_lists_nothing_as_missing_that_it_maps():
+    """#33 item 9: the guide mapped ``comm.Split`` to ``sc.split`` and then listed "Split by
+    color" under "Not in shmcomm". No MPI name may be both; Sendrecv and PROC_NULL are mapped."""
+    text = (ROOT / "docs" / "from_mpi4py.rst").read_text()
+    table, missing = text.split("\nNot in shmcomm:", 1)
+    missing = missing.split("\n\n", 1)[0]
+    mapped = set(re.findall(r"(?:comm|MPI|req|status)\.(\w+)", table))
+    absent = {name.split(".")[-1] for name in re.findall(r"``([\w.]+)``", missing)}
+    assert absent and not mapped & absent, f"both mapped and listed as missing: {mapped & absent}"
+    assert "Split" not in missing
+    assert {"Sendrecv", "PROC_NULL", "Split"} <= mapped
+
+
+def test_docs_conf_imports_the_built_shmcomm_not_the_checkouts_source(tmp_path):
+    """#33 item 9: after ``pip install .``, ``python -m sphinx`` run in the checkout puts it first on
+    sys.path, and docs/conf.py imported the checkout's source package, which has no compiled core:
+    the build crashed. A checkout without a built core, conf.py run as Sphinx does (its directory
+    first on sys.path, as its path or as ""; no site, so no editable-install finder), must import the
+    installed shmcomm."""
+    checkout = tmp_path / "checkout"
+    shutil.copytree(ROOT / "shmcomm", checkout / "shmcomm",
+                    ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__", "_build_info.py"))
+    shutil.copytree(ROOT / "docs", checkout / "docs", ignore=shutil.ignore_patterns("_build"))
+    installed = str(Path(shmcomm.__file__).resolve().parent.parent)  # the built one this suite tests
+    paths = sysconfig.get_paths()
+    for first in (str(checkout), ""):
+        code = (f"import runpy, sys; sys.path.insert(0, {first!r}); "
+                f"sys.path += [{installed!r}, {paths['purelib']!r}, {paths['platlib']!r}]; "
+                "runpy.run_path('docs/conf.py'); import shmcomm; print(shmcomm.__file__)")
+        proc = subprocess.run([sys.executable, "-S", "-c", code], cwd=checkout, capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert Path(proc.stdout.strip()).resolve().is_relative_to(Path(installed)), proc.stdout

@@ -66,6 +66,8 @@ def collectives(x: F32, outs: list[F32], pg: sc.ProcessGroup) -> None:
     assert_type(pg.recv(x, None), int)
     assert_type(sc.isend(x, 1), sc.Work)
     assert_type(sc.irecv(x, src=None), sc.Work)
+    assert_type(sc.sendrecv(x, 1, outs[0], sc.PROC_NULL, sendtag=2), int)
+    assert_type(pg.sendrecv(x, sc.PROC_NULL, outs[0], None), int)
 
     # Objects and shared arrays.
     objs: list[Any] = [None] * sc.get_world_size()

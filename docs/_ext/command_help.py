@@ -35,8 +35,10 @@ class CommandHelp(SphinxDirective):
             p for p in [self.config.command_help_pythonpath, os.environ.get("PYTHONPATH", "")] if p))
         argv = [sys.executable, "-m", module, *args]
         try:
+            # Run from this directory: `python -m` puts its working directory first on sys.path,
+            # and the checkout's (where Sphinx runs) may hold an uncompiled shmcomm (see conf.py).
             proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60,
-                                  stdin=subprocess.DEVNULL)
+                                  stdin=subprocess.DEVNULL, cwd=os.path.dirname(os.path.abspath(__file__)))
             text, ok = proc.stdout.rstrip(), proc.returncode == 0
             why = f"exit code {proc.returncode}: {proc.stderr.strip()[-500:]}"
         except (OSError, subprocess.TimeoutExpired) as exc:
