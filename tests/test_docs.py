@@ -131,3 +131,17 @@ def test_docs_conf_imports_the_built_shmcomm_not_the_checkouts_source(tmp_path):
                               text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert Path(proc.stdout.strip()).resolve().is_relative_to(Path(installed)), proc.stdout
+
+
+def test_torch_page_shows_lightning_and_accelerate():
+    """#33 item 7: how Lightning and accelerate take the backend (neither is installed here): each
+    example is valid Python, and accelerate's creates the group before the Accelerator."""
+    text = (ROOT / "docs" / "torch.rst").read_text()
+    section = text.split("Lightning and accelerate\n", 1)[1].split("\nAPI: ", 1)[0]
+    blocks = re.findall(r"\.\. code-block:: python\n\n((?:   .*\n|\n)+)", section)
+    code = ["\n".join(line[3:] for line in block.splitlines()) for block in blocks]
+    for block in code:
+        compile(block, "torch.rst", "exec")
+    lightning, accelerate = code
+    assert 'DDPStrategy(process_group_backend="shmcomm")' in lightning
+    assert accelerate.index('init_process_group("shmcomm")') < accelerate.index("Accelerator(")
