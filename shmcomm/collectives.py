@@ -136,15 +136,13 @@ def exscan(array: Array, op: ReduceOpLike = ReduceOp.SUM, group: ProcessGroup | 
     Dtypes, ops (AVG divides by r) and the reduction order are those of ``scan``.
 
     Args:
-        array (ndarray | Tensor | buffer): writable C-contiguous array; same shape and dtype on
-            every rank.
-        op (ReduceOp | str | int): the reduction, default ``ReduceOp.SUM``. Same on every rank.
+        array (ndarray | Tensor | buffer): as for ``scan``.
+        op (ReduceOp | str | int): as for ``scan``.
         group (ProcessGroup | None): the group; default None, the default group.
-        async_op (bool): if True, queue the call and return a ``Work`` at once; default False.
+        async_op (bool): as for ``scan``.
 
     Returns:
-        None once ``array`` holds the result; with ``async_op=True``, a ``Work`` whose
-        ``result()`` is ``[array]``.
+        As ``scan``: None, or with ``async_op=True`` a ``Work`` whose ``result()`` is ``[array]``.
 
     Raises:
         TypeError, ValueError, CollectiveMismatchError, CommTimeoutError, PeerFailureError,

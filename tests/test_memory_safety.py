@@ -125,19 +125,24 @@ def test_a_late_peer_never_writes_into_a_timed_out_ranks_shared_arrays(kind, cma
 
 
 # ---- a killed peer's lease -------------------------------------------------------------------
+def _die_after(delay, stamp_file):
+    """SIGKILL this process after ``delay`` s, noting when in ``stamp_file`` first."""
+    import threading
+
+    def die():
+        with open(stamp_file, "w") as f:
+            f.write(repr(time.monotonic()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Timer(delay, die).start()
+
+
 def _killed_mid_broadcast(rank, size, root, delay, stamp_file):
     """Rank 1 is SIGKILLed at a random moment of a loop of large single-copy broadcasts. Its
     lease on rank 0's memory used to stay counted, so rank 0 waited the whole timeout (20 s
     here) before raising; now it must raise at once."""
-    import threading
-
     x = np.ones(64 << 20, np.float32)  # 256 MiB
     if rank == 1:
-        def die():
-            with open(stamp_file, "w") as f:
-                f.write(repr(time.monotonic()))
-            os.kill(os.getpid(), signal.SIGKILL)
-        threading.Timer(delay, die).start()
+        _die_after(delay, stamp_file)
     try:
         while True:
             sc.broadcast(x, src=root)
@@ -281,17 +286,11 @@ def _killed_anywhere(rank, size, seed, victim, delay, stamp_file):
     """Every rank loops over a random mix of async and synchronous collectives on private and
     shared memory and point-to-point exchanges; ``victim`` is SIGKILLed after ``delay`` s.
     Returns when and what the survivor raised."""
-    import threading
-
     rng = random.Random(seed)
     shared = sc.empty(1 << 20, np.float32)
     private = np.ones(1 << 20, np.float32)
     if rank == victim:
-        def die():
-            with open(stamp_file, "w") as f:
-                f.write(repr(time.monotonic()))
-            os.kill(os.getpid(), signal.SIGKILL)
-        threading.Timer(delay, die).start()
+        _die_after(delay, stamp_file)
     try:
         while True:
             kind, count = rng.randrange(5), rng.choice((1, 1000, 100_000, 1 << 20))
