@@ -140,9 +140,10 @@ def _read_until(p, marker: str, timeout: float) -> str:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode", ["sizes", "dtypes", "kinds", "large"])
+@pytest.mark.parametrize("mode", ["sizes", "dtypes", "kinds"])
 def test_mismatched_collectives_across_nodes_raise_on_every_rank(mode):
-    """Node 1 calls another size, dtype (same bytes) or collective than node 0. Before, a rank
+    """Node 1 calls another size, dtype (same bytes) or collective than node 0 (mismatch.py
+    also has a "large" mode, sharded along the rails: it passes, left out for time). Before, a rank
     died with SIGABRT inside gloo (sizes), every rank got garbage (dtypes) or the job failed with
     mixed errors at the timeout (kinds). Now every rank raises at once: the ranks that cross
     between nodes a CollectiveMismatchError naming both sides, their node peers the same cause
