@@ -38,35 +38,6 @@ from cpython.exc cimport PyErr_CheckSignals
 
 cdef uint64_t SLICE_NS = 50 * 1000 * 1000  # futex sleep slice: how often health is checked
 cdef uint64_t SPIN_FLOOR_NS = 20 * 1000     # adaptive spinning never goes below this budget
-
-
-cdef inline uint64_t _next_spin(uint64_t spin, uint64_t spin_max, bint spun, uint64_t waited) noexcept nogil:
-    """The spin budget after a wait of ``waited`` ns that ended while spinning (``spun``) or not.
-
-    Ended while spinning: peers answer within the budget, keep (regrow) it. Ended by sleeping but
-    within the largest budget: the peer was back soon, and spinning twice as long as it took
-    would have caught it without a futex wake-up (~50 us each way), so grow to that. Took longer:
-    the peer is away (computing, or descheduled on a loaded machine): halve, down to a floor,
-    so blocked ranks leave the cores alone. (Halving after every sleep kept two ranks that woke
-    each other asleep for good: ~50 us per small call for thousands of calls.)"""
-    cdef uint64_t floor = min(SPIN_FLOOR_NS, spin_max)
-    if spun:
-        return min(spin_max, 2 * spin)
-    if waited < spin_max:
-        return min(spin_max, max(2 * spin, 2 * waited))
-    return max(floor, spin // 2)
-
-
-def spin_after_wait(spin_us, spin_max_us, spun, waited_us):
-    """The adaptive spin budget (us) after one wait (the rule of ``_next_spin``; for tests).
-
-    Example::
-
-        >>> spin_after_wait(20, 2000, False, 60)   # slept, but the peer was back in 60 us
-        120.0
-    """
-    return _next_spin(<uint64_t>(spin_us * 1000), <uint64_t>(spin_max_us * 1000), spun,
-                      <uint64_t>(waited_us * 1000)) / 1000.0
 cdef uint64_t IDLE_NS = 20 * 1000 * 1000    # after this long without ops the progress thread sleeps
 cdef size_t EAGER_BYTES = 256 << 10         # async ops this large start on the progress thread at once
 
@@ -102,15 +73,15 @@ cdef char *_grown(char **buf, size_t *cap, size_t nbytes, const char *what) exce
 
 _NESTED_CLOSE = "a process group cannot be destroyed from inside one of its own operations"
 
-# Set in a child made with os.fork() (or multiprocessing's "fork"): groups it inherited are its
-# parent's, and a call on one would run as the parent's rank. Checked with one load per call;
-# getpid() is compared only once a fork happened.
-cdef bint _forked = False
+# This process's pid, kept current by a fork hook: a group whose owner is another process was
+# inherited from the parent, and a call on it would run as the parent's rank. One load per call
+# (getpid() is a system call: ~0.2 us on every small collective).
+cdef int _this_pid = getpid()
 
 
 def _note_fork():
-    global _forked
-    _forked = True
+    global _this_pid
+    _this_pid = getpid()
 
 
 os.register_at_fork(after_in_child=_note_fork)
@@ -474,21 +445,24 @@ cdef class Communicator:
     cdef int _wait(self, uint32_t *word, uint32_t target, uint32_t *waiters, int peer) except -1 nogil:
         # On the progress thread with nobody waiting, the caller is computing: sleep soon and
         # leave it the core.
-        cdef uint64_t spin = self.spin_ns, start = 0
+        cdef uint64_t spin = self.spin_ns
         if self.background and capi.shm_load_acquire(&self.engine.drivers) == 0:
             spin = 0
-        if spin:
-            start = capi.shm_now_ns()
         cdef int got = capi.shm_wait_geq(word, target, waiters, spin, self.yields, SLICE_NS)
-        if not got:
-            while True:
-                self._check_health(peer, target)
-                if capi.shm_wait_geq(word, target, waiters, 0, 0, SLICE_NS):
-                    break
         if spin:
-            self.spin_ns = _next_spin(self.spin_ns, self.spin_max_ns, got == 1,
-                                      capi.shm_now_ns() - start)
-        return 0
+            # Adaptive spinning: a wait that ended while spinning says peers answer within the
+            # budget, so keep (regrow) it; one that had to sleep says the budget only burnt a
+            # core somebody else needed (a loaded machine), so halve it, down to a floor.
+            if got == 1:
+                self.spin_ns = min(self.spin_max_ns, 2 * self.spin_ns)
+            else:
+                self.spin_ns = max(min(SPIN_FLOOR_NS, self.spin_max_ns), self.spin_ns // 2)
+        if got:
+            return 0
+        while True:
+            self._check_health(peer, target)
+            if capi.shm_wait_geq(word, target, waiters, 0, 0, SLICE_NS):
+                return 0
 
     cdef int _begin(self, const char *op_name) except -1 nogil:
         if self.closed:
@@ -826,10 +800,10 @@ cdef class Communicator:
     cdef int _check_process(self) except -1:
         """Refuse a call from a child forked from this rank's process: it would act as the
         parent's rank, and its peers would get wrong data or none."""
-        if _forked and getpid() != self.owner_pid:
+        if _this_pid != self.owner_pid:
             raise ShmcommError(
                 f"process group {self.job}.{self.part} belongs to process {self.owner_pid} (rank "
-                f"{self.rank}); this process ({getpid()}) is a child forked from it and cannot use "
+                f"{self.rank}); this process ({_this_pid}) is a child forked from it and cannot use "
                 f"it: join a group of its own in the child (init_process_group), or start children "
                 f"with multiprocessing's 'spawn' or 'forkserver' method")
         return 0
