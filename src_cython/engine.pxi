@@ -992,9 +992,9 @@ cdef class Communicator:
         The segment starts with a header page (magic, a random nonce, the job's tag) that the
         Segment's buffer leaves out; rank 0 also publishes the nonce in its descriptor, which
         lives in the trusted group segment, so a file planted under the heap's name (even one
-        of ours, from another job) is refused, never mapped as this group's memory. The nonce is
-        part of the name too: nobody watching /dev/shm can plant the next heap's name ahead of
-        rank 0 and so stop the job."""
+        of ours, from another job) is refused, never mapped as this group's memory. Its name
+        derives from the group's salt (``derived_part``, as sub-groups'): nobody watching
+        /dev/shm can plant the next heap's name ahead of rank 0 and so stop the job."""
         from shmcomm.segments import segment_name
         cdef size_t stride = _align_up(max(nbytes_per_rank, 1), 4096)
         cdef size_t total = SHM_HEADER_BYTES + stride * self.size
@@ -1005,12 +1005,12 @@ cdef class Communicator:
         try:
             self._begin(b"empty")
             self.heap_count += 1
+            part = self.derived_part(f"{self.part}.h{self.heap_count}")
+            name = segment_name(self.job, part)
+            tag = self.creds.tag(self.job, part)
             failed = None  # rank 0's error creating the segment: every rank raises its cause
             if self.rank == 0:
                 nonce = int.from_bytes(os.urandom(8), "little")
-                part = f"{self.part}.h{self.heap_count}.{nonce:016x}"
-                name = segment_name(self.job, part)
-                tag = self.creds.tag(self.job, part)
                 try:
                     seg = Segment.create(name, total)
                 except (ShmcommError, OSError) as e:
@@ -1039,8 +1039,6 @@ cdef class Communicator:
                         f"rank 0's error; enlarge /dev/shm, e.g. docker --shm-size)")
                 if self.rank != 0:
                     nonce = self.cb(0).desc[self.step & 1][7]
-                    part = f"{self.part}.h{self.heap_count}.{nonce:016x}"
-                    name = segment_name(self.job, part)
                     try:
                         seg = Segment.attach(name)
                     except ShmcommError as e:
@@ -1052,7 +1050,7 @@ cdef class Communicator:
                             or not self.creds.accepts((<char *>hh.tag)[:32], self.hdr.self_made,
                                                       self.job, part):
                         # (the group's rule: ranks started by hand, each with a secret of its
-                        # own, share the job name and now rank 0's nonce)
+                        # own, share the job name, and here rank 0's nonce)
                         from shmcomm.trust import UntrustedFileError
                         self.abort()
                         raise self._fail(UntrustedFileError(
@@ -1091,7 +1089,7 @@ cdef class Communicator:
     def abort(self, str reason=None):
         """Abort the group on every rank: pending and later ops raise AbortedError (naming this
         rank and ``reason``, if it is the first to abort)."""
-        if self.hdr == NULL or getpid() != self.owner_pid:
+        if self.hdr == NULL or _this_pid != self.owner_pid:
             return
         if reason is not None and capi.shm_fetch_add(&self.hdr.abort_claim, 1) == 0:
             _copy_text(self.hdr.abort_reason, reason, 511)
@@ -1134,7 +1132,7 @@ cdef class Communicator:
             comm.refuse_inside_own_operation()   # before a close
         """
         cdef int claim
-        if self.closed or not self.engine_ready or getpid() != self.owner_pid:
+        if self.closed or not self.engine_ready or _this_pid != self.owner_pid:
             return
         claim = capi.shm_engine_claim_inline(&self.engine)
         if claim != SHM_CLAIM_NONE:  # NONE: another thread holds it, nothing was taken
@@ -1148,7 +1146,7 @@ cdef class Communicator:
         only forgets the group: the parent is still a member."""
         if self.closed:
             return
-        if getpid() != self.owner_pid:
+        if _this_pid != self.owner_pid:
             self.closed = True
             return
         self.refuse_inside_own_operation()
