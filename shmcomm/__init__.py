@@ -24,7 +24,7 @@ from shmcomm.errors import (  # noqa: F401
 )
 from shmcomm.pickling import get_pickler, set_pickler  # noqa: F401
 from shmcomm.trust import ensure_inherited_secret
-from shmcomm import error_file
+from shmcomm.launcher import error_file
 
 __version__ = "0.1.0"  # the one place of the version (pyproject.toml reads it)
 
@@ -32,7 +32,7 @@ __version__ = "0.1.0"  # the one place of the version (pyproject.toml reads it)
 # they belong to one job; see shmcomm.trust.
 ensure_inherited_secret()
 # A rank whose launcher asks tells it whether it failed for a reason of its own or because a peer
-# did, so that the launcher blames the root cause (shmcomm.error_file).
+# did, so that the launcher blames the root cause (shmcomm.launcher.error_file).
 error_file.install()
 
 _CORE_ERROR: ImportError | None

@@ -2,7 +2,7 @@
 WORLD_SIZE and the job's name and secret). Loads ``WORKDIR/call.pkl`` (fn, args, timeout), joins
 the default group, runs ``fn(rank, nprocs, *args)``, and leaves ``WORKDIR/rank<r>.pkl``:
 ``("ok", value)`` or ``("error", exception or None, traceback text)``; a failure also goes to the
-launcher's error file (shmcomm.error_file), so that it blames the root cause.
+launcher's error file (shmcomm.launcher.error_file), so that it blames the root cause.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def _leave(workdir: str, rank: int, outcome: tuple) -> None:
 
 def _fail(workdir: str, rank: int, exc: BaseException) -> None:
     """Leave ``exc`` (or its text only, when even cloudpickle refuses it) as this rank's outcome."""
-    from shmcomm import error_file
+    from shmcomm.launcher import error_file
 
     error_file.record(exc)  # this rank handles its exceptions: no excepthook runs
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))

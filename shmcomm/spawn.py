@@ -1,6 +1,6 @@
 """``sc.spawn``: start ranks from plain Python or a notebook and get their return values.
 
-The ranks are started, watched and cleaned up by the launcher's own code (``shmcomm.launch``,
+The ranks are started, watched and cleaned up by the launcher's own code (``shmcomm.launcher``,
 what ``shmrun`` runs): output lines prefixed with ``[rank]``, the others stopped when one fails,
 Ctrl-C forwarded, nothing left in ``/dev/shm``. The function and its arguments travel by value
 (cloudpickle), so functions defined in ``__main__`` (a notebook cell, ``python -c``, a script)
@@ -79,7 +79,9 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: tuple = (), timeout: float 
     """
     import cloudpickle
 
-    from shmcomm import launch
+    from shmcomm.launcher.config import LaunchConfig
+    from shmcomm.launcher.outcome import signal_name
+    from shmcomm.launcher.run import run_job
 
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
@@ -97,12 +99,12 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: tuple = (), timeout: float 
             raise TypeError(f"fn and args must be picklable to reach the ranks: {exc}") from exc
         with open(os.path.join(workdir, "call.pkl"), "wb") as f:
             f.write(call)
-        cfg = launch.LaunchConfig(nproc=nprocs, summary=False,
-                                  command=[sys.executable, "-m", "shmcomm._spawn_rank", workdir])
-        outcome = launch.run_job(cfg)
+        cfg = LaunchConfig(nproc=nprocs, summary=False,
+                           command=[sys.executable, "-m", "shmcomm._spawn_rank", workdir])
+        outcome = run_job(cfg)
         if outcome.launcher_signal is not None:
             raise KeyboardInterrupt(f"sc.spawn: stopped every rank on "
-                                    f"{launch._signal_name(outcome.launcher_signal)}")
+                                    f"{signal_name(outcome.launcher_signal)}")
         if outcome.code != 0:
             _raise_failure(workdir, outcome.failed)
         return [_result(workdir, r)[1] for r in range(nprocs)]
@@ -122,7 +124,7 @@ def _result(workdir: str, rank: int):
 
 def _raise_failure(workdir: str, failed) -> None:
     """Raise what ``failed``, the rank the launcher blamed (the root cause), left."""
-    from shmcomm import launch
+    from shmcomm.launcher.outcome import how_ended
 
     if failed is None:
         raise ShmcommError("the ranks could not be started; see the message above")
@@ -133,5 +135,5 @@ def _raise_failure(workdir: str, failed) -> None:
         if isinstance(exc, BaseException):
             raise exc from RemoteTraceback(rank, text)
         raise ShmcommError(f"rank {rank} failed:\n{text}")
-    raise ShmcommError(f"rank {rank} failed with {launch._how(failed.returncode)} without a Python exception "
+    raise ShmcommError(f"rank {rank} failed with {how_ended(failed.returncode)} without a Python exception "
                        "(killed by a signal, or os._exit); see its output above")

@@ -21,7 +21,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from shmcomm import cpus as cpu_topology, segments
+from shmcomm import segments
+from shmcomm.launcher import cpus as cpu_topology
 
 SCRIPTS = Path(__file__).parent / "launcher_scripts"
 LAUNCH = [sys.executable, "-m", "shmcomm.launch"]
@@ -504,7 +505,8 @@ def test_help():
 def test_several_nodes_get_torchruns_environment(capsys):
     """--nnodes/--node-rank/--master-addr/--master-port: global RANK, GROUP_RANK, the node's
     LOCAL_WORLD_SIZE, node 0's address and port, one job name on every node."""
-    from shmcomm.launch import parse_args, rank_environment
+    from shmcomm.launcher.cli import parse_args
+    from shmcomm.launcher.environment import rank_environment
 
     cfg = parse_args(["-n", "2", "--nnodes", "3", "--node-rank", "2", "--master-addr", "10.0.0.1",
                       "--master-port", "29400", "true"])
@@ -523,7 +525,7 @@ def test_several_nodes_get_torchruns_environment(capsys):
 
 def free_port_pair() -> int:
     """A port P such that P and P + 1 (the node link) are both free on 127.0.0.1 now."""
-    from shmcomm.launch import free_port
+    from shmcomm.launcher.environment import free_port
 
     while True:
         port = free_port()
@@ -581,7 +583,7 @@ def test_node_links_with_different_keys_refuse_each_other_and_say_so(monkeypatch
     """Node 0 listens on --master-addr only; launchers given different SHMCOMM_SECRETs never
     take each other's news and each says why; one that a shmcomm process made up is no key."""
     from shmcomm import trust
-    from shmcomm.node_link import NodeLink, link_key
+    from shmcomm.launcher.node_link import NodeLink, link_key
 
     monkeypatch.setenv(trust.SECRET_ENV, "auto-1-" + "0" * 32)
     assert trust.given_secret() is None
@@ -647,7 +649,7 @@ def test_console_writes_everything_to_a_raw_stdout_that_takes_part_of_each_write
     write the rest (it dropped it, and `shmrun ... | ...` lost whole lines)."""
     import io
 
-    from shmcomm.launch_console import _Console
+    from shmcomm.launcher.console import Console
 
     class Stingy(io.RawIOBase):  # takes at most 1000 bytes per call, as an interrupted write
         def __init__(self):
@@ -664,14 +666,14 @@ def test_console_writes_everything_to_a_raw_stdout_that_takes_part_of_each_write
     raw = Stingy()
     monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, write_through=True))
     data = bytes(range(256)) * 100
-    _Console().write(1, data)
+    Console().write(1, data)
     assert bytes(raw.got) == data
 
 
 def test_unfinished_lines_are_held_briefly_on_a_terminal_and_longer_into_a_pipe():
     import pty
 
-    from shmcomm.launch_console import _HOLD_S, _PIPE_HOLD_S, _hold_for
+    from shmcomm.launcher.console import _HOLD_S, _PIPE_HOLD_S, _hold_for
 
     master, replica = pty.openpty()
     with os.fdopen(replica, "w") as terminal:
@@ -790,7 +792,8 @@ def test_standalone_and_nproc_auto():
 
 
 def test_torchrun_spellings_parse():
-    from shmcomm.launch import parse_args, usable_cores
+    from shmcomm.launcher.cli import parse_args
+    from shmcomm.launcher.cpus import usable_cores
 
     cores = len(usable_cores())
     assert parse_args(["-n", "auto", "true"]).nproc == cores
@@ -840,7 +843,7 @@ def test_no_python_runs_a_py_file_as_a_program(tmp_path):
     (["--no-python", "-m", "http.server"], "--no-python runs a program directly"),
 ])
 def test_other_launchers_options_are_refused_naming_shmruns(capsys, args, message):
-    from shmcomm.launch import parse_args
+    from shmcomm.launcher.cli import parse_args
 
     with pytest.raises(SystemExit):
         parse_args(["-n", "2", *args, "true"])
@@ -927,7 +930,7 @@ def test_timestamp_output():
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("kind", ["numa", "socket"])
 def test_bind_to_numa_or_socket_with_report(kind):
-    from shmcomm.launch import cpu_domains
+    from shmcomm.launcher.cpus import cpu_domains
 
     res = shmrun("-n", "3", "--bind-to", kind, "--report-bindings", "env_report.py")
     assert res.returncode == 0, res.stderr
@@ -959,7 +962,8 @@ def test_report_bindings_core_and_none():
 
 
 def test_cpu_domains_from_sysfs(tmp_path, monkeypatch):
-    from shmcomm import launch
+    from shmcomm.launcher import environment
+    from shmcomm.launcher.cli import parse_args
 
     for node, cpus in ((0, "0-1,4"), (1, "2-3,5")):
         d = tmp_path / "devices/system/node" / f"node{node}"
@@ -970,18 +974,18 @@ def test_cpu_domains_from_sysfs(tmp_path, monkeypatch):
         d.mkdir(parents=True)
         (d / "physical_package_id").write_text(f"{package}\n")
     every = list(range(6))
-    assert launch.cpu_domains("numa", every, str(tmp_path)) == [(0, [0, 1, 4]), (1, [2, 3, 5])]
-    assert launch.cpu_domains("socket", every, str(tmp_path)) == [(0, [0, 1, 4]), (1, [2, 3, 5])]
-    assert launch.cpu_domains("numa", [2, 3], str(tmp_path)) == [(1, [2, 3])]  # only usable ones
-    assert launch.cpu_domains("core", [1, 3], str(tmp_path)) == [(1, [1]), (3, [3])]
-    assert launch.cpu_domains("numa", [0, 1], str(tmp_path / "none")) == [(0, [0, 1])]  # no sysfs
+    assert cpu_topology.cpu_domains("numa", every, str(tmp_path)) == [(0, [0, 1, 4]), (1, [2, 3, 5])]
+    assert cpu_topology.cpu_domains("socket", every, str(tmp_path)) == [(0, [0, 1, 4]), (1, [2, 3, 5])]
+    assert cpu_topology.cpu_domains("numa", [2, 3], str(tmp_path)) == [(1, [2, 3])]  # only usable ones
+    assert cpu_topology.cpu_domains("core", [1, 3], str(tmp_path)) == [(1, [1]), (3, [3])]
+    assert cpu_topology.cpu_domains("numa", [0, 1], str(tmp_path / "none")) == [(0, [0, 1])]  # no sysfs
     assert cpu_topology.format_cpulist([0, 1, 2, 3, 8, 10, 11]) == "0-3,8,10-11"
     assert cpu_topology.parse_cpulist("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
 
     # rank r gets group r mod #groups; OMP_NUM_THREADS shares a group's cores among its ranks
-    monkeypatch.setattr(launch, "cpu_domains", lambda kind: [(0, [0, 1]), (1, [2, 3])])
-    cfg = launch.parse_args(["-n", "3", "--bind-to", "numa", "true"])
-    plan = launch.binding_plan(cfg)
+    monkeypatch.setattr(environment, "cpu_domains", lambda kind: [(0, [0, 1]), (1, [2, 3])])
+    cfg = parse_args(["-n", "3", "--bind-to", "numa", "true"])
+    plan = environment.binding_plan(cfg)
     assert plan == [({0, 1}, "numa node 0"), ({2, 3}, "numa node 1"), ({0, 1}, "numa node 0")]
-    threads = [launch.rank_environment(cfg, r, "j", 1, base={})["OMP_NUM_THREADS"] for r in range(3)]
+    threads = [environment.rank_environment(cfg, r, "j", 1, base={})["OMP_NUM_THREADS"] for r in range(3)]
     assert threads == ["1", "2", "1"]

@@ -14,7 +14,7 @@ import sys
 import traceback
 
 import shmcomm
-from shmcomm.cpus import usable_cores
+from shmcomm.launcher.cpus import usable_cores
 
 from . import dtypes
 from .cases import ANY, OP_ALIASES, OPS, Case, expand, steps

@@ -17,7 +17,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from shmcomm.launch import free_port, threads_per_rank, usable_cores
+from shmcomm.launcher.cpus import usable_cores
+from shmcomm.launcher.environment import free_port, threads_per_rank
 
 from .cases import Case, peer_skip, steps
 from .common import _MARK

@@ -2,8 +2,8 @@
 ``[rank]`` (and a timestamp) at each line start, whole lines kept together across ranks, and
 unfinished lines (prompts, ``\\r`` progress bars) shown after a short hold.
 
-    console = _Console()
-    stream = _Stream(console, 1, b"[0] ", log=None, tail=None)
+    console = Console()
+    stream = Stream(console, 1, b"[0] ", log=None, tail=None)
     stream.feed(b"epoch 1\\n")        # printed at once as "[0] epoch 1"
 """
 
@@ -16,7 +16,10 @@ import select
 import sys
 import time
 
-PROG = "shmrun"
+from shmcomm.launcher.config import PROG
+
+__all__ = ["Console", "Stream"]
+
 # An unfinished line waits this long for its end before it is shown as it is: briefly on a
 # terminal, where a person waits for a prompt or a progress bar; longer into a pipe or a file,
 # read by programs and logs that want whole lines (a rank stalled mid-line for more than the hold
@@ -59,7 +62,7 @@ def _same_file(a, b) -> bool:
     return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
-class _Console:
+class Console:
     """Writes launcher and rank output to this process's stdout/stderr.
 
     It remembers which rank stream left the console's current line unfinished (a prompt, a
@@ -71,13 +74,13 @@ class _Console:
     def __init__(self) -> None:
         self.broken = {1: False, 2: False}
         self.shared = _same_file(sys.stdout, sys.stderr)
-        self.owner: dict[int, _Stream] = {}  # console line -> the stream that left it unfinished
+        self.owner: dict[int, Stream] = {}  # console line -> the stream that left it unfinished
         self.hold = {1: _hold_for(sys.stdout), 2: _hold_for(sys.stderr)}
 
     def _line(self, fd: int) -> int:
         return 0 if self.shared else fd
 
-    def take_line(self, fd: int, stream: _Stream | None) -> None:
+    def take_line(self, fd: int, stream: Stream | None) -> None:
         """Before ``stream`` (None: shmrun itself) writes on ``fd``: end a line another stream
         left unfinished there."""
         cur = self.owner.get(self._line(fd))
@@ -86,17 +89,20 @@ class _Console:
             cur.line_ended()
             del self.owner[self._line(fd)]
 
-    def set_owner(self, fd: int, stream: _Stream, unfinished: bool) -> None:
+    def set_owner(self, fd: int, stream: Stream, unfinished: bool) -> None:
+        """Note whether ``stream`` left the console's line on ``fd`` unfinished."""
         key = self._line(fd)
         if unfinished:
             self.owner[key] = stream
         elif self.owner.get(key) is stream:
             del self.owner[key]
 
-    def owns(self, fd: int, stream: _Stream) -> bool:
+    def owns(self, fd: int, stream: Stream) -> bool:
+        """Whether the console's line on ``fd`` is an unfinished one of ``stream``."""
         return self.owner.get(self._line(fd)) is stream
 
     def write(self, fd: int, data: bytes) -> None:
+        """Write ``data`` to stdout (``fd`` 1) or stderr (2) at once; nothing once it is closed."""
         if not data or self.broken[fd]:
             return
         out = sys.stdout if fd == 1 else sys.stderr
@@ -120,6 +126,7 @@ class _Console:
             self.broken[fd] = True
 
     def say(self, msg: str) -> None:
+        """shmrun's own message, on a line of its own on stderr: ``say("x")`` -> ``shmrun: x``."""
         self.take_line(2, None)
         self.write(2, f"{PROG}: {msg}\n".encode(errors="replace"))
 
@@ -136,7 +143,7 @@ def _timestamp() -> bytes:
     return time.strftime("[%Y-%m-%d %H:%M:%S", time.localtime(t)).encode() + b".%03d] " % (int(t * 1000) % 1000)
 
 
-class _Stream:
+class Stream:
     """One pipe of one rank: tees the raw bytes to a log file, keeps the complete lines of the
     stderr tail, and passes the output live to the console, prefixed at each line start.
 
@@ -148,7 +155,7 @@ class _Stream:
     keeps its ``[rank]``.
     """
 
-    def __init__(self, console: _Console, fd: int, prefix: bytes, log, tail: collections.deque | None,
+    def __init__(self, console: Console, fd: int, prefix: bytes, log, tail: collections.deque | None,
                  show: bool = True, timestamp: bool = False):
         self.console, self.fd, self.prefix, self.log, self.tail = console, fd, prefix, log, tail
         self.show, self.timestamp = show, timestamp
@@ -158,6 +165,7 @@ class _Stream:
         self.at: int | None = _AT_NL  # None: in the middle of a line
 
     def feed(self, data: bytes) -> None:
+        """Take bytes the rank wrote: to the log and the tail at once, to the console by line."""
         if self.log is not None:
             self.log.write(data)
             self.log.flush()
@@ -184,11 +192,13 @@ class _Stream:
         return self.held_since + self.console.hold[self.fd] if self.held else None
 
     def flush(self) -> None:
+        """Show the held unfinished line now."""
         if self.held:
             data, self.held = self.held, b""
             self._show(data)
 
     def close(self) -> None:
+        """The pipe ended: keep its last line in the tail, show what is held, end the line."""
         if self.tail is not None and self.line:  # a last line without its newline
             self.tail.append(self.line)
             self.line = b""
