@@ -249,7 +249,7 @@ def _same(a, b):
 
 @pytest.mark.timeout(30)
 def test_values_and_calls_survive_serialization():
-    from shmcomm.rpc.agent import _copies
+    from shmcomm.rpc.frames import _copies
     from shmcomm.rpc.serialization import dumps_call, dumps_value, loads_call, loads_value
 
     for v in _roundtrip_values():

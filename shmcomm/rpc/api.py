@@ -9,7 +9,8 @@ from typing import Any, Callable, Iterable, TypeVar
 
 from shmcomm._core import Future
 from shmcomm.errors import InvalidStateError, PeerFailureError
-from shmcomm.rpc.agent import KIND_REQUEST, Agent, WorkerInfo
+from shmcomm.rpc.agent import Agent, WorkerInfo
+from shmcomm.rpc.frames import KIND_REQUEST, _copies
 from shmcomm.rpc.functions import async_execution
 from shmcomm.rpc.rref import RRef, _owner_create, _run_into
 
@@ -279,12 +280,6 @@ def remote(to: str | int | WorkerInfo, func: Callable[..., Any], args: Iterable[
         return obj
     created = agent.call_async(dst, _owner_create, (rid, func, args, kwargs), None, timeout)
     return RRef._user(agent, dst, rid, True, created)
-
-
-def _copies(bufs):
-    from shmcomm.rpc.agent import _copies as copies
-
-    return copies(bufs)
 
 
 @async_execution

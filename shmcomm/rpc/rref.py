@@ -12,17 +12,20 @@ Lifetime. The owner keeps the value alive while any worker holds an RRef to it. 
 references: ``remote`` counts its creator's; pickling an RRef to another worker adds one before
 the message leaves (a synchronous note to the owner, so a later drop by anyone can never overtake
 it); a user RRef that is garbage collected queues a drop, sent by the agent's housekeeping thread
-(``__del__`` only appends to a deque: it never blocks, takes a lock or sends). When the count
+(``__del__`` only appends to a deque: it never blocks, takes a lock or sends; the agent's side is
+``ReferencesMixin``, at the end of this file). When the count
 reaches zero the owner forgets the value. An RRef travelling back to its owner is the owner's
 object again and counts nothing.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import collections
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from shmcomm import _core
-from shmcomm.errors import future_error
+from shmcomm.errors import ShmcommError, future_error
+from shmcomm.rpc.frames import KIND_ONEWAY
 from shmcomm.rpc.functions import async_execution, is_async_execution
 
 if TYPE_CHECKING:
@@ -426,3 +429,36 @@ def _owner_call(rref: RRef, name: str, args: tuple, kwargs: dict):
 
     rref._value.add_done_callback(run)
     return out
+
+
+# ---- the agent's side (mixed into Agent) --------------------------------------------------------
+class ReferencesMixin:
+    """``Agent``'s reference bookkeeping: ids of new RRefs, and sending the drops that
+    ``RRef.__del__`` queues (from the housekeeping thread and ``shutdown``). The owner-side
+    tables (``owners``, ``owners_weak``, ``owners_lock``) are read by the functions above."""
+
+    rank: int
+    delrefs: collections.deque
+    _rref_ids: Iterator[int]
+    call_async: Callable[..., Any]
+
+    def new_rref_id(self) -> tuple:
+        return (self.rank, next(self._rref_ids))
+
+    def flush_delrefs(self) -> None:
+        """Send queued reference drops to their owners (one one-way note per owner)."""
+        by_owner: dict[int, list] = {}
+        while self.delrefs:
+            try:
+                owner, rid = self.delrefs.popleft()
+            except IndexError:
+                break
+            by_owner.setdefault(owner, []).append(rid)
+        for owner, rids in by_owner.items():
+            if owner == self.rank:
+                _owner_decref(rids)
+                continue
+            try:
+                self.call_async(owner, _owner_decref, (rids,), None, None, kind=KIND_ONEWAY)
+            except ShmcommError:
+                pass  # the owner is gone: nothing to free
