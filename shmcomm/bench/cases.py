@@ -21,8 +21,8 @@ import numpy as np
 
 from shmcomm._core import ReduceOp, reduce_kernel
 
-from . import dtypes
 from .common import _REDUCING, _ROOTED
+from .dtypes import bench_dtype, itemsize, kind as dtype_kind, unavailable
 from .sizes import collective_sizes
 
 # --op names: ReduceOp's members, lower case, PRODUCT spelled "prod" as nccl-tests does.
@@ -67,14 +67,14 @@ def why_invalid(dtype: str, op: str) -> str | None:
         ('complex numbers have no order (no min/max)', None)
     """
     probe = dtype
-    if dtype == "bfloat16" and (dtypes.unavailable(dtype) or dtypes.bench_dtype(dtype).bits16):
+    if dtype == "bfloat16" and (unavailable(dtype) or bench_dtype(dtype).bits16):
         probe = "float16"  # no numpy bfloat16 array to ask with; the half types share their ops
     try:
-        one = np.zeros(1, dtypes.bench_dtype(probe).storage)
+        one = np.zeros(1, bench_dtype(probe).storage)
         reduce_kernel(one, [one], int(reduce_op(op)))
         return None
     except TypeError as exc:
-        kind = dtypes.kind(dtype)
+        kind = dtype_kind(dtype)
         if op in _BITWISE and kind not in ("int", "uint", "bool"):
             return "bitwise ops need an integer or bool dtype"
         if op in ("min", "max") and kind == "complex":
@@ -97,7 +97,7 @@ def peer_skip(backend: str, case: Case) -> str | None:
         >>> peer_skip("mpi", Case("all_reduce", "float16", "sum", -1))
         'MPI has no standard float16 datatype'
     """
-    dt, op, kind = case.dtype, case.op, dtypes.kind(case.dtype)
+    dt, op, kind = case.dtype, case.op, dtype_kind(case.dtype)
     if case.collective == "barrier":
         return None  # no data, so no dtype
     if backend == "gloo":
@@ -153,6 +153,6 @@ def steps(cases, sizes: list[int], nranks: int, rounds: int = 1) -> list[Step]:
     """
     out = []
     for case in cases:
-        for count, chunk in collective_sizes(case.collective, sizes, nranks, dtypes.itemsize(case.dtype)):
+        for count, chunk in collective_sizes(case.collective, sizes, nranks, itemsize(case.dtype)):
             out += [Step(case, count, chunk, r) for r in range(rounds)]
     return out

@@ -16,9 +16,9 @@ import traceback
 import shmcomm
 from shmcomm.launcher.cpus import usable_cores
 
-from . import dtypes
 from .cases import ANY, OP_ALIASES, OPS, Case, expand, steps
 from .common import BACKENDS, COLLECTIVES, EXIT_USAGE, PROG, BenchError
+from .dtypes import NAMES as DTYPE_NAMES, canonical as canonical_dtype, unavailable
 from .measure import _worker_main
 from .plot import import_pyplot, write_plot
 from .progress import Progress
@@ -124,8 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-b", "--minbytes", type=_size_arg, default=8, help="smallest size (default 8)")
     p.add_argument("-e", "--maxbytes", type=_size_arg, default=64 << 20, help="largest size (default 64M)")
     p.add_argument("-f", "--stepfactor", type=float, default=2.0, help="size multiplier (default 2)")
-    p.add_argument("--dtype", type=_names_arg("dtype", dtypes.NAMES, dtypes.canonical), default=["float32"],
-                   help=f"one, a comma list, or all (default float32): {', '.join(dtypes.NAMES)}")
+    p.add_argument("--dtype", type=_names_arg("dtype", DTYPE_NAMES, canonical_dtype), default=["float32"],
+                   help=f"one, a comma list, or all (default float32): {', '.join(DTYPE_NAMES)}")
     p.add_argument("--op", type=_names_arg("op", OPS, _spell_op), default=["sum"],
                    help=f"reduction of all_reduce, reduce, reduce_scatter: one, a comma list, or all "
                    f"(default sum): {', '.join(OPS)}")
@@ -172,14 +172,14 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     n = args.nranks
     args.collectives = list(COLLECTIVES) if args.collective == ALL else [args.collective]
     sweep_all = ALL in args.dtype or ALL in args.op
-    names = list(dtypes.NAMES) if ALL in args.dtype else args.dtype
+    names = list(DTYPE_NAMES) if ALL in args.dtype else args.dtype
     ops = list(OPS) if ALL in args.op else args.op
     roots = list(range(n)) if ALL in args.root else args.root
     if max(roots) >= n:
         parser.error(f"--root {max(roots)} is not a rank of {n} (0 to {n - 1})")
-    held = [d for d in names if dtypes.unavailable(d) is None]
+    held = [d for d in names if unavailable(d) is None]
     if ALL not in args.dtype and len(held) < len(names):
-        parser.error(f"--dtype: {dtypes.unavailable(next(d for d in names if d not in held))}")
+        parser.error(f"--dtype: {unavailable(next(d for d in names if d not in held))}")
     cases, skipped = expand(args.collectives, held, ops, roots, n)
     invalid = [(c, why) for c, why in skipped if c.dtype != ANY]
     if invalid and not sweep_all:
@@ -189,7 +189,7 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     if not cases:
         parser.error("nothing to run: " + "; ".join(dict.fromkeys(why for _, why in skipped)))
     # the dtypes this Python cannot hold: skips of every backend
-    skipped += [(Case(ALL, d, "none", -1), dtypes.unavailable(d)) for d in names if d not in held]
+    skipped += [(Case(ALL, d, "none", -1), unavailable(d)) for d in names if d not in held]
     args.cases, args.skipped = cases, skipped
     args.dtypes, args.ops, args.roots = held, ops, roots
     args.serial, args.mode = _mode(args)
