@@ -55,8 +55,8 @@ _FOREIGN = {
 }
 
 
-
 def _nproc_value(text: str) -> int | str:
+    """``-n``: a number of ranks, or ``"auto"`` (also torchrun's ``cpu``)."""
     if text.strip().lower() in ("auto", "cpu"):
         return "auto"
     try:
@@ -98,6 +98,7 @@ def _streams_value(text: str) -> int | dict[int, int]:
 
 
 def _ranks_value(text: str) -> frozenset[int]:
+    """``--local-ranks-filter``: ``0,2`` -> {0, 2}."""
     try:
         ranks = frozenset(int(x) for x in text.split(","))
     except ValueError:
@@ -109,6 +110,7 @@ def _ranks_value(text: str) -> frozenset[int]:
 
 
 def _build_parser() -> argparse.ArgumentParser:
+    """The parser of the launcher's own options (the program's are split off before it runs)."""
     parser = argparse.ArgumentParser(
         prog=PROG,
         usage=f"{PROG} -n N|auto [options] (script.py | -m module | program) [args...]",
@@ -204,6 +206,7 @@ def _split_argv(argv: list[str]) -> tuple[list[str], str | None, list[str]]:
 
 
 def _stream_ranks(spec: int | dict[int, int]) -> set[int]:
+    """The local ranks a ``--tee``/``--redirects`` value names one by one."""
     return set(spec) if isinstance(spec, dict) else set()
 
 
@@ -281,6 +284,7 @@ def parse_args(argv: list[str] | None = None) -> LaunchConfig:
 
 def _resolve_program(parser: argparse.ArgumentParser, program: list[str],
                      no_python: bool = False) -> list[str]:
+    """The argv that runs ``program`` (a script under this Python, or an executable)."""
     # Checked here, once, so a typo is one clear message instead of N identical rank failures.
     target, args = program[0], program[1:]
     if target.endswith(".py") and not no_python:

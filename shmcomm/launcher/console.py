@@ -1,6 +1,6 @@
 """The launcher's console: rank output shown live on this process's stdout/stderr, prefixed
 ``[rank]`` (and a timestamp) at each line start, whole lines kept together across ranks, and
-unfinished lines (prompts, ``\\r`` progress bars) shown after a short hold.
+unfinished lines (prompts, ``\\r`` progress bars) shown after a short hold::
 
     console = Console()
     stream = Stream(console, 1, b"[0] ", log=None, tail=None)
@@ -55,6 +55,7 @@ def _hold_for(stream) -> float:
 
 
 def _same_file(a, b) -> bool:
+    """Whether streams ``a`` and ``b`` write to one file (a terminal, ``2>&1``)."""
     try:
         sa, sb = os.fstat(a.fileno()), os.fstat(b.fileno())
     except (OSError, ValueError, AttributeError):  # a notebook's streams have no file descriptor
@@ -139,6 +140,7 @@ _AT_NL, _AT_CR, _AT_ENDED = 1, 2, 3
 
 
 def _timestamp() -> bytes:
+    """The ``--timestamp-output`` prefix: ``[2025-01-01 12:00:00.123] ``."""
     t = time.time()
     return time.strftime("[%Y-%m-%d %H:%M:%S", time.localtime(t)).encode() + b".%03d] " % (int(t * 1000) % 1000)
 

@@ -71,6 +71,7 @@ def binding_plan(cfg: LaunchConfig) -> list[tuple[set[int], str]] | None:
 
 
 def _threads(cfg: LaunchConfig, rank: int, plan: list[tuple[set[int], str]] | None) -> int:
+    """``OMP_NUM_THREADS`` of ``rank``: its cores shared among the ranks bound to the same ones."""
     if plan is None or cfg.bind_to == "core":
         return threads_per_rank(cfg.nproc, cfg.bind_to)
     cpus, where = plan[rank]

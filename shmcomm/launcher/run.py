@@ -116,7 +116,8 @@ def run_job(cfg: LaunchConfig) -> Outcome:
 
 
 def _wake(fd: int) -> None:
-    # The node link's threads wake the supervisor's select() through the signal wake-up pipe.
+    """Wake the supervisor's ``select()`` (the node link's threads call it) through the signal
+    wake-up pipe ``fd``."""
     try:
         os.write(fd, b"\0")
     except (BlockingIOError, OSError):

@@ -52,6 +52,7 @@ _DRAIN_S = 2.0  # how long to wait for the last output once every process is gon
 
 
 def _streams_of(spec: int | dict[int, int], rank: int) -> int:
+    """The streams (1 stdout, 2 stderr, 3 both) a ``--tee``/``--redirects`` value gives ``rank``."""
     return spec if isinstance(spec, int) else spec.get(rank, 0)
 
 
