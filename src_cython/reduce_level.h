@@ -1,6 +1,6 @@
 /* One SIMD level's reduction kernels and their table, generated from SHM_DTYPE_TABLE.
  *
- * Included once per level by reduce_kernels.h (no include guard), with SHM_L defined to the
+ * Included once per level by reduce_kernels.c (no include guard), with SHM_L defined to the
  * level's name (baseline, avx2, avx512, neon) and, where the level has a target, inside that
  * target's pragma region, so the compiler vectorizes the same C for that instruction set. Before
  * each inclusion the level defines its half-precision block conversions,

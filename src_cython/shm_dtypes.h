@@ -1,10 +1,10 @@
 /* The one table of element types and reduce ops.
  *
  * Everything that names a dtype or an op is generated from these two X-macros: the C enums, the
- * kernel tables of every SIMD level (reduce_kernels.h), the name lists the compiled module exports
+ * kernel tables of every SIMD level (reduce_kernels.c), the name lists the compiled module exports
  * (DTYPE_NAMES, OP_NAMES), and from those shmcomm.ReduceOp, the torch backend's native dtypes, the
  * bench tool's --dtype/--op choices and the tests' lists. To add a dtype or an op, add a row here
- * (and, for an op, its element operation in reduce_kernels.h); nothing else keeps a list.
+ * (and, for an op, its element operation in reduce_kernels.c); nothing else keeps a list.
  *
  * SHM_DTYPE_TABLE(X) rows are X(ID, "numpy name", storage type, family, helper type):
  *   family  INT: the helper is the unsigned twin (sums, products and bit ops wrap, as numpy's);

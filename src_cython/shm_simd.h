@@ -74,6 +74,7 @@ static inline int shm_simd_best(void) {
     return SHM_SIMD_BASELINE;
 }
 
-static int shm_simd_level = SHM_SIMD_BASELINE; /* set once at import, by the compiled module */
+/* The level in use: set once at import, by the compiled module (defined in reduce_kernels.c). */
+extern __attribute__((visibility("hidden"))) int shm_simd_level;
 
 #endif

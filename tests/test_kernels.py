@@ -201,12 +201,13 @@ def test_collectives_give_the_same_bits_at_every_forced_level(path):
 
 _CHECK_SOURCE = os.path.join(os.path.dirname(__file__), "c", "kernels_check.c")
 _INCLUDE = os.path.join(os.path.dirname(__file__), os.pardir, "src_cython")
+_KERNELS = os.path.join(_INCLUDE, "reduce_kernels.c")
 _FLAGS = ["-O3", "-fno-strict-aliasing", "-ffp-contract=off", "-Wall", "-Werror", f"-I{_INCLUDE}"]
 
 
 def _kernel_hashes(compiler, tmp_path, name, runner=(), static=False):
     exe = tmp_path / name
-    subprocess.run([compiler, *_FLAGS, *(["-static"] if static else []), _CHECK_SOURCE, "-o", str(exe)],
+    subprocess.run([compiler, *_FLAGS, *(["-static"] if static else []), _CHECK_SOURCE, _KERNELS, "-o", str(exe)],
                    check=True, capture_output=True, timeout=300)
     out = subprocess.run([*runner, str(exe)], check=True, capture_output=True, text=True, timeout=300)
     hashes = {}
@@ -231,7 +232,7 @@ def test_kernels_build_for_aarch64_and_give_the_same_bits_there(tmp_path):
         assert len(set(by_level.values())) == 1, f"levels disagree here on {key}: {by_level}"
     qemu = shutil.which("qemu-aarch64") or shutil.which("qemu-aarch64-static")
     if qemu is None:
-        subprocess.run([cross, *_FLAGS, "-c", _CHECK_SOURCE, "-o", str(tmp_path / "kernels_arm.o")],
+        subprocess.run([cross, *_FLAGS, "-c", _KERNELS, "-o", str(tmp_path / "kernels_arm.o")],
                        check=True, capture_output=True, timeout=300)
         pytest.skip("built for AArch64; running it needs qemu-user (Debian's qemu-user)")
     arm = _kernel_hashes(cross, tmp_path, "kernels_arm", runner=[qemu], static=True)

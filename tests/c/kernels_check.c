@@ -4,10 +4,13 @@
  * architectures, must give the same bits (long double aside: 80-bit x87 against 128-bit quad).
  * Inputs are finite and never zero, so no operation makes a NaN (whose default bits differ
  * between x86 and Arm). */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "reduce_kernels.h"
+#include "shm_half.h"
 
 static uint64_t lcg = 88172645463325252ull;
 static uint64_t next(void) { lcg = lcg * 6364136223846793005ull + 1442695040888963407ull; return lcg >> 17; }
