@@ -27,6 +27,10 @@ cdef extern from "shm_sync.h" nogil:
     int shm_cma_write(int pid, const void *src, uint64_t remote, size_t n)
 
 
+cdef extern from "<sched.h>" nogil:
+    int sched_getcpu()
+
+
 cdef extern from "shm_layout.h" nogil:
     uint64_t SHM_MAGIC, SHM_HEAP_MAGIC
     uint32_t SHM_VERSION
@@ -71,6 +75,7 @@ cdef extern from "shm_layout.h" nogil:
         uint32_t cma_ok
         uint32_t withdrawn
         uint32_t leases
+        uint32_t cpu
         uint64_t start_time
         uint64_t desc[2][8]
         uint32_t bell

@@ -64,7 +64,8 @@ typedef struct {
     uint32_t withdrawn;      /* 28: set once an op of this rank failed: its published addresses are void */
     uint32_t leases;         /* 32: copies this rank is making into or out of peers' memory right now
                                 (each a lease on every peer whose `withdrawn` it checked first) */
-    uint32_t pad_a;          /* 36 */
+    uint32_t cpu;            /* 36: 1 + the CPU this rank last waited on (0: not known yet): a
+                                waiter whose peer shares its core hands the core over at once */
     uint64_t start_time;     /* 40: this process's start time (/proc/PID/stat field 22): peers check
                                 that `pid` is still the process that registered */
     char pad0[80];
