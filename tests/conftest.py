@@ -20,3 +20,19 @@ def nothing_left_in_dev_shm():
         except OSError:
             pass
     assert not leaked, f"the test suite left segments in /dev/shm: {leaked}"
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line per distinct skip reason, with its count (pyproject's addopts asks pytest for
+    failures and errors only, "-rfE"): without an optional peer, dozens of tests skip for the same
+    reason, and a line each hid the few that skip for another."""
+    reasons = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        reasons[reason] = reasons.get(reason, 0) + 1
+    if reasons:
+        terminalreporter.write_sep("=", "skipped, by reason")
+        for reason, count in sorted(reasons.items(), key=lambda item: -item[1]):
+            terminalreporter.write_line(f"SKIPPED {count:>3}  {reason}")
