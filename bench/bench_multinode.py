@@ -92,7 +92,7 @@ def rank_main(args) -> None:
         check()
         rows.append((label, times))
     if dist.get_rank() == 0:
-        from shmcomm.hierarchy import HierarchicalGroup
+        from shmcomm.multinode import HierarchicalGroup
 
         backend = groups["shmcomm"]._get_backend(torch.device("cpu"))
         nodes = backend._pg.topology.describe() if isinstance(backend._pg, HierarchicalGroup) else "one node"

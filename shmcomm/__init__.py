@@ -58,6 +58,7 @@ if _CORE_ERROR is None:
         new_subgroups,
         split,
     )
+    from shmcomm import multinode  # noqa: F401  # registers groups across nodes with shmcomm.group
     from shmcomm.spawn import spawn  # noqa: F401
     from shmcomm.waits import collect_all, wait_all, wait_any  # noqa: F401
     from shmcomm.collectives import *  # noqa: F401,F403

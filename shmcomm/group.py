@@ -3,6 +3,12 @@
 A ``ProcessGroup`` owns one shared segment through the compiled ``Communicator``, whose progress
 engine runs the group's operations in issue order. Every collective is a method; the module-level
 functions in ``shmcomm.collectives`` call the default group's methods.
+
+A group runs its collectives on an *engine* (``Engine``: the calls every engine provides, with
+the ``Communicator``'s signatures). On one node the engine is the ``Communicator`` itself, driven
+by the compiled ``GroupCore``; ``EngineGroup`` drives any other engine (a group across nodes,
+``shmcomm.multinode``). Groups across nodes are made by ``shmcomm.multinode``, which registers its
+start-up here (``register_multinode``): this module imports nothing of it.
 """
 
 from __future__ import annotations
@@ -11,11 +17,11 @@ import atexit
 import os
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence, cast, overload
+from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol, Sequence, cast, overload
 
 import numpy as np
 
-from shmcomm import _core
+import shmcomm._core as _core
 from shmcomm.errors import AbortedError
 from shmcomm.ops import ReduceOp, op_code
 
@@ -27,12 +33,84 @@ if TYPE_CHECKING:
     from shmcomm._types import Array, ReduceOpLike
 
 __all__ = ["ProcessGroup", "init_process_group", "is_initialized", "get_rank", "get_world_size",
-           "new_group", "split", "new_subgroups", "destroy_process_group", "default_group"]
+           "new_group", "split", "new_subgroups", "destroy_process_group", "default_group",
+           "Engine", "ENGINE_CALLS", "EngineGroup", "register_multinode"]
 
 DEFAULT_TIMEOUT = 300.0
 # A send or receive partner of ``sendrecv`` that is none, as MPI's ``PROC_NULL``: the ranks at the
 # edges of a non-periodic halo exchange have one neighbour.
 PROC_NULL = -1
+
+
+class Engine(Protocol):
+    """The collective calls every engine of a group provides, with the compiled
+    ``Communicator``'s signatures: ``op`` an op code (``shmcomm.ops.op_code``), ranks as ints,
+    split sizes in elements, ``factor`` PREMUL_SUM's; each runs inline and returns None, or with
+    ``async_op=True`` is queued on the group's progress engine and returns a ``Work``.
+
+    Engines: ``shmcomm._core.Communicator`` (one node) and ``shmcomm.multinode.HierarchicalComm``
+    (several); tests/test_groups.py checks that both provide ``ENGINE_CALLS`` with these
+    signatures.
+
+    Example::
+
+        engine: Engine = pg._engine
+        engine.all_reduce(x, 0)                 # SUM
+    """
+
+    rank: int
+    size: int
+
+    def all_reduce(self, array: Array, op: int = 0, async_op: bool = False,
+                   factor: float = 1.0) -> Work | None: ...
+
+    def reduce(self, array: Array, dst: int, op: int = 0, async_op: bool = False,
+               factor: float = 1.0) -> Work | None: ...
+
+    def broadcast(self, array: Array, src: int, async_op: bool = False) -> Work | None: ...
+
+    def all_gather(self, output_list: list[Array], array: Array, async_op: bool = False) -> Work | None: ...
+
+    def all_gather_into(self, output: Array, array: Array, async_op: bool = False) -> Work | None: ...
+
+    def gather(self, array: Array, gather_list: list[Array] | None, dst: int,
+               async_op: bool = False) -> Work | None: ...
+
+    def scatter(self, array: Array, scatter_list: list[Array] | None, src: int,
+                async_op: bool = False) -> Work | None: ...
+
+    def reduce_scatter(self, output: Array, input_list: list[Array], op: int = 0,
+                       async_op: bool = False, factor: float = 1.0) -> Work | None: ...
+
+    def reduce_scatter_into(self, output: Array, input: Array, op: int = 0,
+                            async_op: bool = False, factor: float = 1.0) -> Work | None: ...
+
+    def all_to_all(self, output_list: list[Array], input_list: list[Array],
+                   async_op: bool = False) -> Work | None: ...
+
+    def all_to_all_single(self, output: Array, input: Array, output_split_sizes: Sequence[int] | None = None,
+                          input_split_sizes: Sequence[int] | None = None,
+                          async_op: bool = False) -> Work | None: ...
+
+    def all_gather_v(self, output: Array, array: Array, counts: Sequence[int],
+                     displs: Sequence[int] | None = None, async_op: bool = False) -> Work | None: ...
+
+    def gather_v(self, array: Array, output: Array | None, counts: Sequence[int] | None,
+                 displs: Sequence[int] | None, dst: int, async_op: bool = False) -> Work | None: ...
+
+    def scatter_v(self, output: Array, input: Array | None, counts: Sequence[int] | None,
+                  displs: Sequence[int] | None, src: int, async_op: bool = False) -> Work | None: ...
+
+    def reduce_scatter_v(self, output: Array, input: Array, counts: Sequence[int], op: int = 0,
+                         async_op: bool = False, factor: float = 1.0) -> Work | None: ...
+
+    def barrier(self, async_op: bool = False) -> Work | None: ...
+
+
+# The collective calls of ``Engine``, by name (the group calls of the same names take the
+# arguments users pass: ``GroupCore``'s, mirrored by ``EngineGroup``)
+ENGINE_CALLS = tuple(name for name, value in vars(Engine).items()
+                     if callable(value) and not name.startswith("_"))
 
 
 class ProcessGroup(_core.GroupCore):
@@ -53,11 +131,15 @@ class ProcessGroup(_core.GroupCore):
         print(pg.rank, pg.size, x)
     """
 
-    def __init__(self, comm: _core.Communicator, global_ranks: Sequence[int], name: str):
+    def __init__(self, comm: _core.Communicator, global_ranks: Sequence[int], name: str,
+                 engine: Engine | None = None, p2p: _core.P2PEngine | None = None):
+        # comm: the segment whose progress engine runs this group's operations in issue order;
+        # engine: what runs its collectives (comm itself on one node)
         self._comm = comm
+        self._engine: Engine = comm if engine is None else engine
         self._global_ranks = list(global_ranks)
         self._name = name
-        self._p2p = _core.P2PEngine(comm)
+        self._p2p = _core.P2PEngine(comm) if p2p is None else p2p
         self._subgroups = 0
         self._destroyed = False
         _alive.add(self)
@@ -66,12 +148,12 @@ class ProcessGroup(_core.GroupCore):
     @property
     def rank(self) -> int:
         """This process's rank in the group."""
-        return self._comm.rank
+        return self._engine.rank
 
     @property
     def size(self) -> int:
         """Number of ranks in the group."""
-        return self._comm.size
+        return self._engine.size
 
     @property
     def name(self) -> str:
@@ -91,12 +173,12 @@ class ProcessGroup(_core.GroupCore):
             async_op: bool) -> Work | None:
         """Run ``fn(*args)`` as one operation of this group, in issue order.
 
-        A Communicator entry point (``pg._comm.all_reduce``, ...) runs as that collective; any
-        other callable (a composite operation, such as the torch backend's coalesced calls) runs
+        An entry point of the group's engine (``pg._engine.all_reduce``, ...) runs as that
+        collective; any other callable (a composite operation, such as the torch backend's coalesced calls) runs
         whole, the collectives it calls inside it, before the next operation starts.
 
         Args:
-            fn (Callable): the operation: a bound method of ``pg._comm``, or any callable.
+            fn (Callable): the operation: a bound method of ``pg._engine``, or any callable.
             args (tuple): its arguments.
             outputs (list): what the Work's ``result()`` returns.
             async_op (bool): if True, queue it and return a ``Work`` at once.
@@ -112,12 +194,12 @@ class ProcessGroup(_core.GroupCore):
         Example::
 
             def both(a, b):
-                pg._comm.all_reduce(a, 0); pg._comm.broadcast(b, 0)
+                pg._engine.all_reduce(a, 0); pg._engine.broadcast(b, 0)
             pg.run(both, (x, y), [x, y], async_op=True).wait()
         """
         if self._destroyed:
             raise ValueError(f"process group {self._name} was destroyed")
-        if getattr(fn, "__self__", None) is self._comm:
+        if getattr(fn, "__self__", None) is self._engine:
             return fn(*args, async_op=async_op)
         return self._comm.submit(fn, tuple(args), outputs, async_op)
 
@@ -149,7 +231,7 @@ class ProcessGroup(_core.GroupCore):
                              async_op: bool = False) -> Work | None:
         """``shmcomm.all_reduce_coalesced`` on this group (its text is copied here at import)."""
         arrays, code = list(arrays), op_code(op)
-        reduce_one = self._comm.all_reduce
+        reduce_one = self._engine.all_reduce
 
         def run():
             for a in arrays:
@@ -241,6 +323,23 @@ class ProcessGroup(_core.GroupCore):
 
         return shared_arrays.empty(self, shape, dtype)
 
+    # ---- sub-groups ---------------------------------------------------------------------------
+    def subgroup(self, members: list[int], index: int, timeout: float) -> ProcessGroup | None:
+        """The group of ``members`` (ranks of this group; member i becomes rank i), this
+        group's sub-group number ``index``: what ``new_group``, ``split`` and ``new_subgroups``
+        make. Collective over this group; None on non-members.
+
+        Example::
+
+            sub = pg.subgroup([0, 2], index=1, timeout=60.0)
+        """
+        if self.rank not in members:
+            return None
+        job = self._comm.job
+        comm = _core.Communicator(job, self._comm.derived_part(f"g{index}"), members.index(self.rank),
+                                  len(members), timeout)
+        return ProcessGroup(comm, members, f"{job}.g{index}")
+
     # ---- teardown -----------------------------------------------------------------------------
     def destroy(self) -> None:
         """Release this group's shared memory once its queued operations ran (idempotent).
@@ -257,11 +356,8 @@ class ProcessGroup(_core.GroupCore):
 
             pg.destroy()
         """
-        if self._destroyed:
+        if not self._begin_destroy():
             return
-        self._refuse_destroy_here()
-        self._destroyed = True
-        _alive.discard(self)
         if os.getpid() != self._comm.owner_pid:
             self._comm.close()  # a forked child: forget the group, the parent is still in it
             return
@@ -275,6 +371,16 @@ class ProcessGroup(_core.GroupCore):
     def _leave(self) -> None:
         self.destroy()  # at interpreter exit; groups across nodes skip their closing barrier
 
+    def _begin_destroy(self) -> bool:
+        """Mark the group destroyed and forget it; False if it already was (nothing to do).
+        Refused from inside one of its own operations, before anything changes."""
+        if self._destroyed:
+            return False
+        self._refuse_destroy_here()
+        self._destroyed = True
+        _alive.discard(self)
+        return True
+
     def _refuse_destroy_here(self) -> None:
         """ShmcommError when called from inside one of this group's own queued operations (which
         would wait for itself); checked before anything is given up, so the group stays whole."""
@@ -286,6 +392,97 @@ _rank_arg = _core.rank_arg
 
 
 _tag_arg = _core.tag_arg
+
+
+class EngineGroup(ProcessGroup):
+    """A group whose collectives run on an engine written in Python (an ``Engine`` that also has
+    ``isend`` and ``irecv``), such as ``shmcomm.multinode.HierarchicalComm``.
+
+    The compiled ``GroupCore`` drives only the ``Communicator`` (its fast path is typed for it),
+    so this class is its twin for other engines: each method takes the arguments ``GroupCore``'s
+    method of the same name takes, converts them as it does, and calls ``self._engine``. Queued
+    operations still run in issue order on ``self._comm``'s progress engine.
+
+    Example::
+
+        group = EngineGroup(node_comm, range(engine.size), "job.h", engine=engine)
+        group.all_reduce(x, "max")    # engine.all_reduce(x, int(ReduceOp.MAX), False)
+    """
+
+    def all_reduce(self, array, op=ReduceOp.SUM, async_op=False):
+        return self._engine.all_reduce(array, op_code(op), async_op)
+
+    def broadcast(self, array, src, async_op=False):
+        return self._engine.broadcast(array, _rank_arg(src, "src"), async_op)
+
+    def reduce(self, array, dst, op=ReduceOp.SUM, async_op=False):
+        return self._engine.reduce(array, _rank_arg(dst, "dst"), op_code(op), async_op)
+
+    def all_gather(self, output_list, array, async_op=False):
+        return self._engine.all_gather(list(output_list), array, async_op)
+
+    def all_gather_into(self, output, array, async_op=False):
+        return self._engine.all_gather_into(output, array, async_op)
+
+    def gather(self, array, gather_list=None, dst=0, async_op=False):
+        outs = list(gather_list) if gather_list is not None else None
+        return self._engine.gather(array, outs, _rank_arg(dst, "dst"), async_op)
+
+    def scatter(self, array, scatter_list=None, src=0, async_op=False):
+        ins = list(scatter_list) if scatter_list is not None else None
+        return self._engine.scatter(array, ins, _rank_arg(src, "src"), async_op)
+
+    def reduce_scatter(self, output, input_list, op=ReduceOp.SUM, async_op=False):
+        return self._engine.reduce_scatter(output, list(input_list), op_code(op), async_op)
+
+    def reduce_scatter_into(self, output, input, op=ReduceOp.SUM, async_op=False):
+        return self._engine.reduce_scatter_into(output, input, op_code(op), async_op)
+
+    def all_to_all(self, output_list, input_list, async_op=False):
+        return self._engine.all_to_all(list(output_list), list(input_list), async_op)
+
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None,
+                          async_op=False):
+        return self._engine.all_to_all_single(
+            output, input, _core.rows_to_elements(output, output_split_sizes, "output_split_sizes"),
+            _core.rows_to_elements(input, input_split_sizes, "input_split_sizes"), async_op)
+
+    def all_gather_v(self, output, array, counts, displs=None, async_op=False):
+        return self._engine.all_gather_v(output, array, counts, displs, async_op)
+
+    def gather_v(self, array, output=None, counts=None, displs=None, dst=0, async_op=False):
+        return self._engine.gather_v(array, output, counts, displs, _rank_arg(dst, "dst"), async_op)
+
+    def scatter_v(self, output, input=None, counts=None, displs=None, src=0, async_op=False):
+        return self._engine.scatter_v(output, input, counts, displs, _rank_arg(src, "src"), async_op)
+
+    def reduce_scatter_v(self, output, input, counts, op=ReduceOp.SUM, async_op=False):
+        return self._engine.reduce_scatter_v(output, input, counts, op_code(op), async_op)
+
+    def barrier(self, async_op=False):
+        return self._engine.barrier(async_op)
+
+    # point to point: the engine's own (GroupCore's goes through the node's P2PEngine)
+    def isend(self, array, dst, tag=0):
+        return cast(Any, self._engine).isend(array, _rank_arg(dst, "dst"), _tag_arg(tag))
+
+    def irecv(self, array, src=None, tag=0):
+        source = None if src is None else _rank_arg(src, "src")
+        return cast(Any, self._engine).irecv(array, source, _tag_arg(tag))
+
+    def send(self, array, dst, tag=0):
+        self.isend(array, dst, tag).wait()
+
+    def recv(self, array, src=None, tag=0):
+        work = self.irecv(array, src, tag)
+        work.wait()
+        return work.source_rank()
+
+
+# One text per call: EngineGroup's methods take GroupCore's (shmcomm.collectives copies the
+# module functions' full text onto those at import).
+for _name in (*ENGINE_CALLS, "send", "recv", "isend", "irecv"):
+    getattr(EngineGroup, _name).__doc__ = getattr(ProcessGroup, _name).__doc__
 
 
 def _partner_arg(rank: int | None, name: str, size: int, allow_any: bool) -> None:
@@ -345,17 +542,23 @@ def job_arguments(rank: int | None, world_size: int | None, name: str | None,
     return rank, world_size, job, float(timeout)
 
 
-def _multinode_environment(world_size: int) -> bool:
-    """True under a launch on several nodes (torchrun, shmrun --nnodes): LOCAL_WORLD_SIZE says
-    fewer ranks run here than WORLD_SIZE; or with SHMCOMM_SIMULATE_NODES above 1 (blocks of ranks
-    acting as nodes on this machine, for tests and benchmarks)."""
-    if world_size > 1 and os.environ.get("SHMCOMM_SIMULATE_NODES", "").strip() not in ("", "1"):
-        return True
-    local = os.environ.get("LOCAL_WORLD_SIZE")
-    try:
-        return local is not None and int(local) != world_size
-    except ValueError:
-        raise ValueError(f"LOCAL_WORLD_SIZE must be an integer, got {local!r}") from None
+# Groups across nodes: shmcomm.multinode registers its start-up here when it is imported (as
+# ``import shmcomm`` does), so that the dependency runs one way, shmcomm.multinode -> this module.
+# ``start(name, timeout)`` returns the default group when the launch environment spans nodes,
+# else None.
+_multinode_start: Callable[[str | None, float | None], ProcessGroup | None] | None = None
+
+
+def register_multinode(start: Callable[[str | None, float | None], ProcessGroup | None]) -> None:
+    """Make ``start`` decide, when ``init_process_group`` reads the environment, whether the
+    default group spans nodes (``shmcomm.multinode`` registers itself at import).
+
+    Example::
+
+        register_multinode(shmcomm.multinode.group.start)
+    """
+    global _multinode_start
+    _multinode_start = start
 
 
 def init_process_group(rank: int | None = None, world_size: int | None = None, name: str | None = None,
@@ -367,7 +570,7 @@ def init_process_group(rank: int | None = None, world_size: int | None = None, n
     job name from ``SHMCOMM_JOB``, else ``TORCHELASTIC_RUN_ID`` + ``MASTER_PORT``. Launched on
     several nodes (``LOCAL_WORLD_SIZE`` != ``WORLD_SIZE``, as torchrun and ``shmrun --nnodes``
     set, with rank and world size from the environment), the group is hierarchical: shared
-    memory inside each node, torch's gloo between nodes (``shmcomm.hierarchy``; needs the
+    memory inside each node, torch's gloo between nodes (``shmcomm.multinode``; needs the
     ``shmcomm[torch]`` extra).
 
     Args:
@@ -404,12 +607,10 @@ def init_process_group(rank: int | None = None, world_size: int | None = None, n
         if _default is not None:
             raise ValueError("init_process_group was already called; destroy_process_group() first")
         from_env = rank is None and world_size is None
-        rank, world_size, job, timeout = job_arguments(rank, world_size, name, timeout)
-        if from_env and _multinode_environment(world_size):
-            from shmcomm import hierarchy
-
-            _default = hierarchy.init_multinode(rank, world_size, job, timeout)
-        else:
+        if from_env and _multinode_start is not None:
+            _default = _multinode_start(name, timeout)
+        if _default is None:
+            rank, world_size, job, timeout = job_arguments(rank, world_size, name, timeout)
             comm = _core.Communicator(job, "g0", rank, world_size, timeout)
             _default = ProcessGroup(comm, range(world_size), f"{job}.g0")
         _core.set_default_group(_default)
@@ -621,25 +822,11 @@ def _subgroup(parent: ProcessGroup, members: list[int], timeout: float | None,
     with _lock:
         parent._subgroups += 1
         index = parent._subgroups
-    if getattr(parent, "topology", None) is not None:  # across nodes (shmcomm.hierarchy)
-        group = parent.subgroup(  # type: ignore[attr-defined]  # HierarchicalGroup's
-            members, index, float(timeout or parent._comm.timeout))
-    elif parent.rank not in members:
-        return None
-    else:
-        group = _one_node_subgroup(parent, members, index, timeout)
+    group = parent.subgroup(members, index, float(timeout or parent._comm.timeout))
     if group is not None:
         with _lock:
             _groups.append(group)
     return group
-
-
-def _one_node_subgroup(parent: ProcessGroup, members: list[int], index: int,
-                       timeout: float | None) -> ProcessGroup:
-    job = parent._comm.job
-    comm = _core.Communicator(job, parent._comm.derived_part(f"g{index}"), members.index(parent.rank),
-                              len(members), float(timeout or parent._comm.timeout))
-    return ProcessGroup(comm, members, f"{job}.g{index}")
 
 
 def destroy_process_group(group: ProcessGroup | None = None) -> None:

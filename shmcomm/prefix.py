@@ -1,6 +1,6 @@
 """MPI's prefix reductions: ``scan`` (rank r gets op over ranks 0..r) and ``exscan`` (0..r-1).
 
-One algorithm for every kind of group (one node, or several through ``shmcomm.hierarchy``): the
+One algorithm for every kind of group (one node, or several through ``shmcomm.multinode``): the
 ranks all-gather their arrays, then each reduces the prefix it needs with the kernels every
 collective uses, in rank order, so ranks that share a prefix get the same bits as ``all_reduce``
 over those ranks would. It runs as one operation of the group (``ProcessGroup.run``), in issue

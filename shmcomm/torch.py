@@ -12,7 +12,7 @@ at the first ``init_process_group("shmcomm")``, so an unchanged script only name
 ``import shmcomm.torch`` registers it by hand (when entry points are disabled with
 ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``). Each torch process group, ``new_group`` ones included, gets
 its own shared segment: its ranks agree on a unique job name through the store torch hands the
-backend. A group whose ranks run on several machines is hierarchical (shmcomm.hierarchy):
+backend. A group whose ranks run on several machines is hierarchical (shmcomm.multinode):
 shared memory inside each machine, torch's gloo between them.
 """
 
@@ -23,16 +23,17 @@ import functools
 import math
 import sys
 import threading
-import uuid
 
 import torch
 import torch.distributed as dist
 
 from _shmcomm_torch_entry import BACKEND_NAME, autoload, register
-from shmcomm import _core, hierarchy
+from shmcomm import _core
 from shmcomm.buffer_pool import BufferPool
 from shmcomm.errors import ShmcommError
 from shmcomm.group import ProcessGroup as _ShmGroup
+from shmcomm.multinode import HierarchicalGroup, build
+from shmcomm.multinode.store import StoreMeeting, share_job
 from shmcomm.ops import ReduceOp
 from shmcomm.segments import sanitize_job
 from shmcomm.trust import new_secret
@@ -413,19 +414,16 @@ def _flat(outputs) -> list:
 def _rendezvous(store, rank: int, size: int, group_name: str, timeout: float):
     """Where this group's ranks run, through the store: on one machine, ``(job, secret)`` for
     its segment (a job name unique to this group and to this incarnation of its name; a secret
-    for shmcomm.trust); across machines, the ``HierarchicalGroup`` (shmcomm.hierarchy)."""
+    for shmcomm.trust); across machines, the ``HierarchicalGroup`` (shmcomm.multinode)."""
     # Every rank of incarnation g adds before any rank can finish it (the segment needs all of
     # them), so the counter values of one incarnation form one block of `size`.
     generation = (store.add("shmcomm/joined", 1) - 1) // size
-    key = f"shmcomm/{generation}"
+    meeting = StoreMeeting(store, f"shmcomm/{generation}", rank, size)
     label = f"torch-{sanitize_job(group_name or 'pg')[:12]}"
-    spanning = hierarchy.build(store, rank, size, timeout, key, label, new_secret)
+    spanning = build(meeting, timeout, label, new_secret)
     if spanning is not None:
         return spanning
-    if rank == 0:
-        store.set(f"{key}/secret", new_secret())
-        store.set(f"{key}/job", f"{label}-{uuid.uuid4().hex[:12]}")
-    return store.get(f"{key}/job").decode(), store.get(f"{key}/secret").decode()
+    return share_job(meeting, "pg", 0, label, new_secret)
 
 
 # ---- the process group ------------------------------------------------------------------------------
@@ -450,7 +448,7 @@ class ShmcommProcessGroup(_ProcessGroupBase):
         self._group_name, self._group_desc = group_name, ""
         seconds = _seconds(timeout) or 1800.0
         place = _rendezvous(store, rank, size, group_name, seconds)
-        if isinstance(place, hierarchy.HierarchicalGroup):  # ranks on several machines
+        if isinstance(place, HierarchicalGroup):  # ranks on several machines
             self._pg, self._comm, self._pool = place, place.comm, None
             return
         job, secret = place

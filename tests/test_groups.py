@@ -136,3 +136,47 @@ def test_multinode_launch_without_torch_fails_at_once():
     assert "refused:" in out.stdout and "shmcomm[torch]" in out.stdout, out.stdout + out.stderr
     assert "LOCAL_WORLD_SIZE=2" in out.stdout
     assert time.monotonic() - start < 10
+
+
+@pytest.mark.timeout(30)
+def test_every_engine_provides_the_engine_calls_with_compatible_signatures():
+    """One list of the collective calls every engine provides (``shmcomm.group.Engine``): the
+    compiled Communicator (one node) and the hierarchy's HierarchicalComm (several) both have
+    each, with the same parameters in the same order and the same defaults; and the group faces
+    that drive them (the compiled GroupCore, the Python EngineGroup) take the same arguments."""
+    import inspect
+
+    from shmcomm import _core
+    from shmcomm.group import ENGINE_CALLS, Engine, EngineGroup
+    from shmcomm.multinode.compose import HierarchicalComm
+
+    def params(fn):
+        return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+    assert len(ENGINE_CALLS) == 16 and "all_reduce" in ENGINE_CALLS and "barrier" in ENGINE_CALLS
+    for name in ENGINE_CALLS:
+        want = params(getattr(Engine, name))
+        for engine in (_core.Communicator, HierarchicalComm):
+            assert params(getattr(engine, name)) == want, (engine.__name__, name)
+        # ReduceOp.SUM and 0 are one default (an IntEnum): equal, as the comparison needs
+        assert params(getattr(EngineGroup, name)) == params(getattr(_core.GroupCore, name)), name
+    for name in ("send", "recv", "isend", "irecv"):
+        assert params(getattr(EngineGroup, name)) == params(getattr(sc.ProcessGroup, name)), name
+    assert set(ENGINE_CALLS) | {"send", "recv"} == {n for n in vars(_core.GroupCore) if not n.startswith("_")}
+
+
+@pytest.mark.timeout(30)
+def test_the_engine_between_nodes_is_named_by_shmcomm_link(monkeypatch):
+    """SHMCOMM_LINK chooses the engine between nodes: an unknown one is a ValueError naming the
+    variable and the choices, at once, before any group exists."""
+    from shmcomm.multinode import link
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("SHMCOMM_JOB", f"link-{os.getpid()}")
+    monkeypatch.delenv("SHMCOMM_LINK", raising=False)
+    assert link.engine_name() == "gloo"
+    monkeypatch.setenv("SHMCOMM_LINK", "nccl")
+    with pytest.raises(ValueError, match="SHMCOMM_LINK must be one of gloo .*'nccl'"):
+        sc.init_process_group()
+    assert not sc.is_initialized()

@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from shmcomm.hierarchy import HierarchicalGroup
+from shmcomm.multinode import HierarchicalGroup
 
 
 def kind(group) -> str:

@@ -27,7 +27,7 @@ def close_or_same(got, expected, what):
 
 
 pg = sc.init_process_group()
-assert isinstance(pg, sc.hierarchy.HierarchicalGroup), pg
+assert isinstance(pg, sc.multinode.HierarchicalGroup), pg
 rank, size, checked = pg.rank, pg.size, 0
 for dtype in map(np.dtype, (np.float32, np.float64, np.float16, np.int16, np.int64, np.uint32, np.bool_)):
     ops = ["SUM", "MAX", "MIN"] + (["AVG"] if dtype.kind == "f" else []) + \

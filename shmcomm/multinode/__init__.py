@@ -1,0 +1,44 @@
+"""Groups that span several machines: shared memory inside each node, an engine between nodes.
+
+One concept per module; arrows point at what a module uses::
+
+    shmcomm.group  <--------------------- group.py      HierarchicalGroup (an EngineGroup), build,
+    (ProcessGroup, EngineGroup;             |   |         start: init_process_group's hook,
+     register_multinode)                    |   |         registered below
+                                            |   v
+                       topology.py <---- compose.py     HierarchicalComm: the composed collectives
+                       who runs where       |   |         (an Engine of shmcomm.group), numpy inside
+                       (hosts, nodes,       |   v
+                       rails, SIMULATE)     |  uneven.py, scratch.py
+                                            v
+                                         link.py        the Link contract (numpy arrays), the
+                                            |             engine choice (SHMCOMM_LINK), connect
+                                            v
+                                         gloo_link.py   the engine: torch's gloo (the default),
+                                            |             numpy <-> torch inside
+                                            v
+                                         store.py       how ranks meet before any link: the
+                                                          Meeting protocol, StoreMeeting over
+                                                          torch's store (also used by
+                                                          shmcomm.torch), share_job (a job's
+                                                          name and secret), the env:// store
+
+A collective on a ``HierarchicalGroup`` runs as one operation of the node group's progress
+engine: ``compose`` drives the node's ``Communicator`` and two links, the rail (this rank's local
+index on every node) and the world (every rank). ``shmcomm.group`` imports nothing from here:
+importing this package registers ``group.start`` with it (``import shmcomm`` does so).
+
+Example::
+
+    pg = sc.init_process_group()         # under torchrun --nnodes 2 (or shmrun --nnodes 2)
+    sc.all_reduce(x)                     # shared memory inside the node, gloo between nodes
+"""
+
+import shmcomm.group as _groups
+from shmcomm.multinode.compose import HierarchicalComm
+from shmcomm.multinode.group import HierarchicalGroup, build, start
+from shmcomm.multinode.topology import Topology
+
+__all__ = ["HierarchicalComm", "HierarchicalGroup", "Topology", "build", "start"]
+
+_groups.register_multinode(start)
