@@ -544,8 +544,8 @@ def job_arguments(rank: int | None, world_size: int | None, name: str | None,
 
 # Groups across nodes: shmcomm.multinode registers its start-up here when it is imported (as
 # ``import shmcomm`` does), so that the dependency runs one way, shmcomm.multinode -> this module.
-# ``start(name, timeout)`` returns the default group when the launch environment spans nodes,
-# else None.
+# ``start(name, timeout)`` returns the default group when the launch environment spans nodes (or
+# is MPI's, with SHMCOMM_LINK=mpi), else None.
 _multinode_start: Callable[[str | None, float | None], ProcessGroup | None] | None = None
 
 
@@ -571,7 +571,8 @@ def init_process_group(rank: int | None = None, world_size: int | None = None, n
     several nodes (``LOCAL_WORLD_SIZE`` != ``WORLD_SIZE``, as torchrun and ``shmrun --nnodes``
     set, with rank and world size from the environment), the group is hierarchical: shared
     memory inside each node, torch's gloo between nodes (``shmcomm.multinode``; needs the
-    ``shmcomm[torch]`` extra).
+    ``shmcomm[torch]`` extra), or MPI with ``SHMCOMM_LINK=mpi`` under ``mpirun`` (rank and
+    world size from MPI).
 
     Args:
         rank (int | None): this process's rank in ``[0, world_size)``; None (the default):

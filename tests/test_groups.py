@@ -168,7 +168,8 @@ def test_every_engine_provides_the_engine_calls_with_compatible_signatures():
 @pytest.mark.timeout(30)
 def test_the_engine_between_nodes_is_named_by_shmcomm_link(monkeypatch):
     """SHMCOMM_LINK chooses the engine between nodes: an unknown one is a ValueError naming the
-    variable and the choices, at once, before any group exists."""
+    variable and the choices; ``mpi`` across nodes outside a job started by mpirun says so (both
+    at once, before any group exists; on one node, ``mpi`` changes nothing)."""
     from shmcomm.multinode import link
 
     monkeypatch.setenv("RANK", "0")
@@ -177,6 +178,21 @@ def test_the_engine_between_nodes_is_named_by_shmcomm_link(monkeypatch):
     monkeypatch.delenv("SHMCOMM_LINK", raising=False)
     assert link.engine_name() == "gloo"
     monkeypatch.setenv("SHMCOMM_LINK", "nccl")
-    with pytest.raises(ValueError, match="SHMCOMM_LINK must be one of gloo .*'nccl'"):
+    with pytest.raises(ValueError, match="SHMCOMM_LINK must be one of gloo, mpi .*'nccl'"):
         sc.init_process_group()
     assert not sc.is_initialized()
+    monkeypatch.setenv("SHMCOMM_LINK", "mpi")
+    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # several nodes, but not MPI's launch
+    with pytest.raises(ValueError, match="SHMCOMM_LINK=mpi needs a job started by mpirun"):
+        sc.init_process_group()
+    assert not sc.is_initialized()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    pg = sc.init_process_group()
+    try:
+        assert type(pg) is sc.ProcessGroup and pg.size == 1
+    finally:
+        sc.destroy_process_group()

@@ -13,15 +13,15 @@ One concept per module; arrows point at what a module uses::
                                             v
                                          link.py        the Link contract (numpy arrays), the
                                             |             engine choice (SHMCOMM_LINK), connect
-                                            v
-                                         gloo_link.py   the engine: torch's gloo (the default),
-                                            |             numpy <-> torch inside
-                                            v
-                                         store.py       how ranks meet before any link: the
-                                                          Meeting protocol, StoreMeeting over
-                                                          torch's store (also used by
-                                                          shmcomm.torch), share_job (a job's
-                                                          name and secret), the env:// store
+                               +------------+------------+
+                               v                         v
+                         gloo_link.py               mpi_link.py    engines: torch's gloo (default),
+                         (numpy <-> torch inside)    (mpi4py)        MPI under mpirun (no torch)
+                               |                         |
+                               +-----------> store.py <--+       how ranks meet before any link:
+                                    Meeting, StoreMeeting over     the Meeting protocol, share_job
+                                    torch's store (also used by    (a job's name and secret), the
+                                    shmcomm.torch)                 env:// store
 
 A collective on a ``HierarchicalGroup`` runs as one operation of the node group's progress
 engine: ``compose`` drives the node's ``Communicator`` and two links, the rail (this rank's local
@@ -32,6 +32,7 @@ Example::
 
     pg = sc.init_process_group()         # under torchrun --nnodes 2 (or shmrun --nnodes 2)
     sc.all_reduce(x)                     # shared memory inside the node, gloo between nodes
+    # under mpirun, with SHMCOMM_LINK=mpi: MPI between nodes, no torch
 """
 
 import shmcomm.group as _groups

@@ -283,8 +283,14 @@ def launch(name: str | None, timeout: float | None) -> Launch | None:
         started = launch(None, None)   # under torchrun --nnodes 2
     """
     from shmcomm.group import job_arguments
+    from shmcomm.multinode.mpi_link import launched_by_mpi
 
-    rank, size, job, timeout = job_arguments(None, None, name, timeout)
+    try:
+        rank, size, job, timeout = job_arguments(None, None, name, timeout)
+    except ValueError as exc:
+        if launched_by_mpi():  # mpirun sets none of torchrun's variables
+            raise ValueError(f"{exc}; under mpirun, set SHMCOMM_LINK=mpi") from None
+        raise
     if not spans_nodes(size):
         return None
     local_size = os.environ.get("LOCAL_WORLD_SIZE")
@@ -309,7 +315,7 @@ def connect(meeting, timeout: float, rails: list[list[int]] | None):
     """
     if not isinstance(meeting, StoreMeeting):
         raise ShmcommError("SHMCOMM_LINK=gloo meets through torch's store (torchrun, shmrun "
-                           "--nnodes)")
+                           "--nnodes); under mpirun set SHMCOMM_LINK=mpi")
     rank, size = meeting.rank, meeting.size
     rail = None
     if rails:

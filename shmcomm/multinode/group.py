@@ -129,9 +129,9 @@ def build(meeting: Meeting, timeout: float, label: str, secret_fn=None) -> Hiera
 
 
 def start(name: str | None, timeout: float | None) -> ProcessGroup | None:
-    """``init_process_group()``'s default group when the launch environment spans nodes, else
-    None: the engine of ``SHMCOMM_LINK`` reads its launcher's environment, then ``build``.
-    Registered with ``shmcomm.group`` at import.
+    """``init_process_group()``'s default group when the launch environment spans nodes (or is
+    MPI's, with ``SHMCOMM_LINK=mpi``), else None: the engine of ``SHMCOMM_LINK`` reads its
+    launcher's environment, then ``build``. Registered with ``shmcomm.group`` at import.
 
     Example::
 
@@ -146,6 +146,6 @@ def start(name: str | None, timeout: float | None) -> ProcessGroup | None:
         return group
     if started.one_node_error:
         raise ShmcommError(started.one_node_error)
-    # every rank on one machine, under a launcher that is not shmcomm's: a plain group
+    # every rank on one machine, under a launcher that is not shmcomm's (mpirun): a plain group
     comm = _core.Communicator(started.job, "g0", meeting.rank, meeting.size, started.timeout)
     return ProcessGroup(comm, range(meeting.size), f"{started.job}.g0")

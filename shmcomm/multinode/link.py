@@ -1,5 +1,5 @@
 """The contract between the composed collectives and an engine between nodes, and the choice of
-engine (``SHMCOMM_LINK``: ``gloo``, the default).
+engine (``SHMCOMM_LINK``: ``gloo``, the default, or ``mpi``).
 
 An engine hands out *links*: one inter-node communicator over some ranks of a group. A
 hierarchical group holds two:
@@ -41,6 +41,7 @@ __all__ = ["ENGINES", "Engine", "Launch", "Link", "Request", "check_same", "conn
 # SHMCOMM_LINK value -> the module of that engine
 ENGINES = {
     "gloo": "shmcomm.multinode.gloo_link",
+    "mpi": "shmcomm.multinode.mpi_link",
 }
 
 

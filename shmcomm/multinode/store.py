@@ -1,9 +1,10 @@
 """How the ranks of a group being built meet: a few small strings exchanged before any shared
 memory or link exists (each rank's host, a node's job name and secret, the links' addresses).
 
-One protocol, ``Meeting``, at home in ``StoreMeeting`` over torch's key/value ``Store`` (the
-TCPStore of ``env://``, or the store torch hands its backends); another engine may bring its
-own. Every call is collective over the meeting's ranks, made in the same order by each. ``share_job`` is the one place where a job's name and
+One protocol, ``Meeting``, with two homes: ``StoreMeeting`` over torch's key/value ``Store``
+(the TCPStore of ``env://``, or the store torch hands its backends), and, under ``mpirun``, a
+meeting over MPI (``shmcomm.multinode.mpi_link``). Every call is collective over the meeting's
+ranks, made in the same order by each. ``share_job`` is the one place where a job's name and
 secret are chosen and shared: by the torch backend (one node) and by each node of a hierarchy::
 
     meeting = StoreMeeting(store, "shmcomm/0", rank, size)
