@@ -91,7 +91,7 @@ cdef int _stage_inputs(Communicator c, char **ins, char **outs, size_t *in_bytes
     for q in range(c.size):
         if _peers_read(c, q, ins, outs):
             total += in_bytes[q]
-    at = c._staging(max(total, 1))
+    at = _staging(c, max(total, 1))
     for q in range(c.size):
         if _peers_read(c, q, ins, outs):
             memcpy(at, ins[q], in_bytes[q])
@@ -118,13 +118,13 @@ cdef int _all_to_all(Communicator c, op_t *o) except -1 nogil:
     cdef size_t piece_cap = ((c.slot_bytes - header) // n) // 64 * 64
     if o.uniform:
         most = in_bytes[0]
-        c._set_desc(K_ALL_TO_ALL, dtype, most, 0, 0)
+        _set_desc(c, K_ALL_TO_ALL, dtype, most, 0, 0)
         if c._single_copy_size(most):
             first = False
             if _all_to_all_single_copy(c, outs, ins, in_bytes, out_bytes):
                 return 0
     else:
-        c._set_desc(o.kind, dtype, 0, o.root, 0)
+        _set_desc(c, o.kind, dtype, 0, o.root, 0)
         s = c.next_step()
         sizes = <uint64_t *>c.slot(c.rank, s)
         fits = 1
@@ -138,8 +138,8 @@ cdef int _all_to_all(Communicator c, op_t *o) except -1 nogil:
             for q in range(n):
                 if q != c.rank:
                     memcpy(c.slot(c.rank, s) + header + q * piece_cap, ins[q], in_bytes[q])
-        c._step()
-        c._check_desc()
+        _step(c)
+        _check_desc(c)
         first = False
         for a in range(n):
             for b in range(n):
@@ -157,7 +157,7 @@ cdef int _all_to_all(Communicator c, op_t *o) except -1 nogil:
                     memcpy(outs[q], c.slot(q, s) + header + c.rank * piece_cap, out_bytes[q])
             return 0
         if c._single_copy_size(most):  # every rank saw the same matrix: the same choice
-            c._set_desc(o.kind, dtype, 0, o.root, 0)  # for the table's step
+            _set_desc(c, o.kind, dtype, 0, o.root, 0)  # for the table's step
             if _all_to_all_single_copy(c, outs, ins, in_bytes, out_bytes):
                 return 0
     c._out(outs[c.rank], ins[c.rank], out_bytes[c.rank], out_bytes[c.rank])
@@ -166,9 +166,9 @@ cdef int _all_to_all(Communicator c, op_t *o) except -1 nogil:
         for q in range(n):
             if q != c.rank and in_bytes[q] > off:
                 memcpy(c.slot(c.rank, s) + q * cap, ins[q] + off, min(cap, in_bytes[q] - off))
-        c._step()
+        _step(c)
         if first:
-            c._check_desc()
+            _check_desc(c)
             first = False
         for q in range(n):
             if q != c.rank and out_bytes[q] > off:
@@ -197,11 +197,11 @@ cdef bint _all_to_all_single_copy(Communicator c, char **outs, char **ins, size_
         if _peers_read(c, q, ins, outs):
             in_lo, in_hi = min(in_lo, <size_t>ins[q]), max(in_hi, <size_t>ins[q] + in_bytes[q])
         out_lo, out_hi = min(out_lo, <size_t>outs[q]), max(out_hi, <size_t>outs[q] + out_bytes[q])
-    if not c._publish_table(ins, n, in_hi <= out_lo or out_hi <= in_lo):
+    if not _publish_table(c, ins, n, in_hi <= out_lo or out_hi <= in_lo):
         return False
     for i in range(1, n):
         q = (c.rank + i) % n
-        c._cma(q, outs[q], c._peer_entry(q, c.rank), out_bytes[q], False)
+        _cma(c, q, outs[q], c._peer_entry(q, c.rank), out_bytes[q], False)
     c._out(outs[c.rank], ins[c.rank], out_bytes[c.rank], out_bytes[c.rank])
-    c._step()
+    _step(c)
     return True

@@ -5,7 +5,7 @@
 cdef int _run_barrier(Communicator c, op_t *o) except -1 nogil:
     if c.size == 1:
         return 0
-    c._set_desc(K_BARRIER, 0, 0, 0, 0)
-    c._step()
-    c._check_desc()
+    _set_desc(c, K_BARRIER, 0, 0, 0, 0)
+    _step(c)
+    _check_desc(c)
     return 0

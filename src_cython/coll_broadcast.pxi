@@ -23,27 +23,27 @@ cdef int _run_broadcast(Communicator c, op_t *o) except -1 nogil:
     cdef bint first = True
     if c.size == 1:
         return 0
-    c._set_desc(K_BROADCAST, o.dtype, nbytes, root, 0)
+    _set_desc(c, K_BROADCAST, o.dtype, nbytes, root, 0)
     if c._single_copy_size(nbytes):
         first = False
-        if c._publish_table(&ptr, 1):
+        if _publish_table(c, &ptr, 1):
             split = (nbytes - nbytes // c.size) & ~(<size_t>4095)
             if c.rank != root:
-                c._cma(root, ptr, c._peer_entry(root, 0), split, False)
+                _cma(c, root, ptr, c._peer_entry(root, 0), split, False)
             else:
                 for q in range(c.size):
                     if q != root:
-                        c._cma(q, ptr + split, c._peer_entry(q, 0) + split, nbytes - split, True)
-            c._step()
+                        _cma(c, q, ptr + split, c._peer_entry(q, 0) + split, nbytes - split, True)
+            _step(c)
             return 0
     while first or off < nbytes:
         ch = min(c.slot_bytes, nbytes - off)
         s = c.next_step()
         if c.rank == root:
             memcpy(c.slot(root, s), ptr + off, ch)
-        c._step()
+        _step(c)
         if first:
-            c._check_desc()
+            _check_desc(c)
             first = False
         if c.rank != root:
             c._out(ptr + off, c.slot(root, s), ch, nbytes)

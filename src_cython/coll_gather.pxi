@@ -61,7 +61,7 @@ cdef object _prep_gather_into(Communicator c, op_t *o, object output, object arr
     out_owner = as_buf(output, &whole, True, "output")
     _split_whole(c, &whole, &b, "output", o.outs)
     o.kind, o.ptr, o.nbytes, o.dtype, o.root = K_ALL_GATHER, b.ptr, b.nbytes, b.dtype, -1
-    o.heap = c._find_heap(whole.ptr, whole.nbytes, &o.heap_off, &o.heap_stride)
+    o.heap = _find_heap(c, whole.ptr, whole.nbytes, &o.heap_off, &o.heap_stride)
     return (owner, out_owner)
 
 
@@ -72,41 +72,41 @@ cdef int _run_gather(Communicator c, op_t *o) except -1 nogil:
     cdef char **outs = o.outs
     cdef char *inp = o.ptr
     cdef bint first = True, wants = root < 0 or root == c.rank, cma
-    c._set_desc(o.kind, o.dtype, nbytes, <uint64_t>root, 0)
+    _set_desc(c, o.kind, o.dtype, nbytes, <uint64_t>root, 0)
     if c._single_copy_size(nbytes) and root >= 0:
         first = False
-        if c._publish_table(outs if wants else &inp, n if wants else 1):
+        if _publish_table(c, outs if wants else &inp, n if wants else 1):
             if wants:
                 c._out(outs[c.rank], inp, nbytes, nbytes)
             else:
-                c._cma(root, inp, c._peer_entry(root, c.rank), nbytes, True)
-            c._step()
+                _cma(c, root, inp, c._peer_entry(root, c.rank), nbytes, True)
+            _step(c)
             return 0
     elif nbytes >= c.cma_bytes:
         first = False
         _set_heap_desc(c, o.heap, o.heap_off)
         if c._single_copy_size(nbytes):
-            cma = c._publish_table(&inp, 1)  # the step that carries the descriptor, too
+            cma = _publish_table(c, &inp, 1)  # the step that carries the descriptor, too
         else:
-            c._step()
-            c._check_desc()
+            _step(c)
+            _check_desc(c)
             cma = False
         if o.heap and _all_same_heap(c):
             return _all_gather_zero_copy(c, o)
         if cma:
             for i in range(1, n):
                 q = (c.rank + i) % n
-                c._cma(q, outs[q], c._peer_entry(q, 0), nbytes, False)
+                _cma(c, q, outs[q], c._peer_entry(q, 0), nbytes, False)
             c._out(outs[c.rank], inp, nbytes, nbytes)
-            c._step()
+            _step(c)
             return 0
     while first or off < nbytes:
         ch = min(c.slot_bytes, nbytes - off)
         s = c.next_step()
         memcpy(c.slot(c.rank, s), inp + off, ch)
-        c._step()
+        _step(c)
         if first:
-            c._check_desc()
+            _check_desc(c)
             first = False
         if wants:
             for i in range(n):
@@ -130,9 +130,9 @@ cdef int _all_gather_zero_copy(Communicator c, op_t *o) except -1 nogil:
         q = (c.rank + i) % n
         dst = first + q * o.heap_stride + c.rank * nbytes
         if dst != o.ptr:
-            c._lease(q)
+            _lease(c, q)
             c._out(dst, o.ptr, nbytes, nbytes)
             c._unlease()
     c.zero_copy_calls += 1
-    c._step()  # every piece written before anyone returns
+    _step(c)  # every piece written before anyone returns
     return 0

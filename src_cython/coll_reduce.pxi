@@ -27,7 +27,7 @@ cdef object _prep_reduce(Communicator c, op_t *o, object array, int op, int root
     o.kind = K_ALL_REDUCE if root < 0 else K_REDUCE
     o.ptr, o.count, o.itemsize, o.dtype, o.nbytes = b.ptr, b.count, b.itemsize, b.dtype, b.nbytes
     o.op, o.root, o.factor = op, root, factor
-    o.heap = c._find_heap(b.ptr, b.nbytes, &o.heap_off, &o.heap_stride)
+    o.heap = _find_heap(c, b.ptr, b.nbytes, &o.heap_off, &o.heap_stride)
     return owner
 
 
@@ -49,7 +49,7 @@ cdef int _run_reduce(Communicator c, op_t *o) except -1 nogil:
     if _medium_size(c, nbytes):
         _reduce_batch_medium(c, &o, 1)
         return 0
-    c._set_desc(o.kind, dtype, nbytes, <uint64_t>root, op)
+    _set_desc(c, o.kind, dtype, nbytes, <uint64_t>root, op)
     c._set_factor(o)
     # Below the single-copy size the descriptor rides on the first chunk's step (no zero copy
     # there: one sync fewer matters more at these sizes); above it, a step of its own first.
@@ -58,10 +58,10 @@ cdef int _run_reduce(Communicator c, op_t *o) except -1 nogil:
     if not first:
         _set_heap_desc(c, o.heap, o.heap_off)
         if c._single_copy_size(nbytes):
-            cma = c._publish_table(&ptr, 1)  # the step that carries the descriptor, too
+            cma = _publish_table(c, &ptr, 1)  # the step that carries the descriptor, too
         else:
-            c._step()
-            c._check_desc()
+            _step(c)
+            _check_desc(c)
             cma = False
         c._load_factors(o)
         if o.heap and _all_same_heap(c):
@@ -78,16 +78,16 @@ cdef int _run_reduce(Communicator c, op_t *o) except -1 nogil:
         # Peers need every part of this chunk but this rank's own slice: copy only those.
         memcpy(c.slot(c.rank, s), ptr + off * itemsize, lo * itemsize)
         memcpy(c.slot(c.rank, s) + hi * itemsize, ptr + (off + hi) * itemsize, (ch - hi) * itemsize)
-        c._step()
+        _step(c)
         if first:
-            c._check_desc()
+            _check_desc(c)
             c._load_factors(o)
             first = False
         for q in range(n):
             c.srcs[q] = c.slot(q, s) + lo * itemsize
         c.srcs[c.rank] = ptr + (off + lo) * itemsize
         shm_reduce(c.slot(c.rank, s + 1) + lo * itemsize, c.srcs, c.factors, n, hi - lo, dtype, op)
-        c._step()
+        _step(c)
         if wants:
             for i in range(n):
                 q = (c.rank + i) % n
@@ -126,7 +126,7 @@ cdef int _agreed_calls(Communicator c, op_t **ops, int k, uint32_t s, size_t *da
     cdef int j, q, w, m = k
     cdef char *mine = c.slot(c.rank, s)
     cdef uint64_t *theirs
-    c._check_desc()
+    _check_desc(c)
     for q in range(c.size):
         m = min(m, <int>c.cb(q).desc[s & 1][5])
     for j in range(1, m):
@@ -191,10 +191,10 @@ cdef int _reduce_batch_medium(Communicator c, op_t **ops, int k) except -1 nogil
         memcpy(mine + data_off[j], o.ptr, lo * isz)
         memcpy(mine + data_off[j] + hi * isz, o.ptr + hi * isz, (o.count - hi) * isz)
     o = ops[0]
-    c._set_desc(o.kind, o.dtype, o.nbytes, <uint64_t>o.root, o.op)
+    _set_desc(c, o.kind, o.dtype, o.nbytes, <uint64_t>o.root, o.op)
     c._set_factor(o)
     c.cb(c.rank).desc[s & 1][5] = k
-    c._step()
+    _step(c)
     m = _agreed_calls(c, ops, k, s, data_off)
     for j in range(m):
         o = ops[j]
@@ -206,7 +206,7 @@ cdef int _reduce_batch_medium(Communicator c, op_t **ops, int k) except -1 nogil
         _load_batch_factors(c, ops, j, s, data_off)
         shm_reduce(c.slot(c.rank, s + 1) + data_off[j] + lo * isz, c.srcs, c.factors, n, hi - lo,
                    o.dtype, o.op)
-    c._step()
+    _step(c)
     for j in range(m):
         o = ops[j]
         if o.root >= 0 and o.root != c.rank:
@@ -230,10 +230,10 @@ cdef int _reduce_batch(Communicator c, op_t **ops, int k) except -1 nogil:
     for j in range(k):
         memcpy(mine + data_off[j], ops[j].ptr, ops[j].nbytes)
     o = ops[0]
-    c._set_desc(o.kind, o.dtype, o.nbytes, <uint64_t>o.root, o.op)
+    _set_desc(c, o.kind, o.dtype, o.nbytes, <uint64_t>o.root, o.op)
     c._set_factor(o)
     c.cb(c.rank).desc[s & 1][5] = k
-    c._step()
+    _step(c)
     m = _agreed_calls(c, ops, k, s, data_off)
     for j in range(m):
         o = ops[j]
@@ -278,7 +278,7 @@ cdef int _reduce_zero_copy(Communicator c, op_t *o) except -1 nogil:
         m = min(block, hi - b)
         for q in range(n):
             c.srcs[q] = first + q * stride + b * itemsize
-        c._lease(-1)  # reads every array, writes every array that wants the result
+        _lease(c, -1)  # reads every array, writes every array that wants the result
         if o.root < 0:
             shm_reduce(ptr + b * itemsize, c.srcs, c.factors, n, m, o.dtype, o.op)
             for i in range(1, n):
@@ -289,7 +289,7 @@ cdef int _reduce_zero_copy(Communicator c, op_t *o) except -1 nogil:
         c._unlease()
         b += m
     c.zero_copy_calls += 1
-    c._step()  # every slice written before anyone returns
+    _step(c)  # every slice written before anyone returns
     return 0
 
 
@@ -302,7 +302,7 @@ cdef int _reduce_single_copy(Communicator c, op_t *o) except -1 nogil:
     cdef int n = c.size, q, i, itemsize = o.itemsize, root = o.root
     cdef size_t block = (128 << 10) // itemsize, lo = 0, hi = 0, b, m
     cdef size_t block_bytes = block * itemsize
-    cdef char *scratch = c._scratch(n * block_bytes)  # n - 1 inputs and one output
+    cdef char *scratch = _scratch(c, n * block_bytes)  # n - 1 inputs and one output
     cdef char *part
     cdef char *out
     cdef char *ptr = o.ptr
@@ -316,7 +316,7 @@ cdef int _reduce_single_copy(Communicator c, op_t *o) except -1 nogil:
             if q == c.rank:
                 c.srcs[q] = ptr + b * itemsize
             else:
-                c._cma(q, part, <uint64_t>o.outs[q] + b * itemsize, m * itemsize, False)
+                _cma(c, q, part, <uint64_t>o.outs[q] + b * itemsize, m * itemsize, False)
                 c.srcs[q] = part
                 part += block_bytes
         out = ptr + b * itemsize if mine else part  # in place is fine: element-wise
@@ -324,7 +324,7 @@ cdef int _reduce_single_copy(Communicator c, op_t *o) except -1 nogil:
         for i in range(1, n):
             q = (c.rank + i) % n
             if root < 0 or q == root:
-                c._cma(q, out, <uint64_t>o.outs[q] + b * itemsize, m * itemsize, True)
+                _cma(c, q, out, <uint64_t>o.outs[q] + b * itemsize, m * itemsize, True)
         b += m
-    c._step()  # every slice written, and arrays untouched until every rank is done
+    _step(c)  # every slice written, and arrays untouched until every rank is done
     return 0

@@ -31,7 +31,7 @@ cdef object _prep_reduce_scatter_into(Communicator c, op_t *o, object output, ob
     check_reduce_op(b.dtype, op)
     _split_whole(c, &whole, &b, "input", o.ins)
     _set_reduce_scatter(o, &b, op, factor)
-    o.heap = c._find_heap(whole.ptr, whole.nbytes, &o.heap_off, &o.heap_stride)
+    o.heap = _find_heap(c, whole.ptr, whole.nbytes, &o.heap_off, &o.heap_stride)
     return (out_owner, in_owner)
 
 
@@ -46,12 +46,12 @@ cdef int _run_reduce_scatter(Communicator c, op_t *o) except -1 nogil:
     cdef size_t cap = ((c.slot_bytes // n) // 64 * 64) // itemsize, off = 0, ch, count = o.count
     cdef char **ins = o.ins
     cdef bint first = True
-    c._set_desc(K_REDUCE_SCATTER, o.dtype, count * itemsize, 0, o.op)
+    _set_desc(c, K_REDUCE_SCATTER, o.dtype, count * itemsize, 0, o.op)
     c._set_factor(o)
     if o.nbytes >= c.cma_bytes:
         _set_heap_desc(c, o.heap, o.heap_off)
-        c._step()
-        c._check_desc()
+        _step(c)
+        _check_desc(c)
         c._load_factors(o)
         first = False
         if o.heap and _all_same_heap(c):
@@ -62,9 +62,9 @@ cdef int _run_reduce_scatter(Communicator c, op_t *o) except -1 nogil:
         for q in range(n):
             if q != c.rank:
                 memcpy(c.slot(c.rank, s) + q * cap * itemsize, ins[q] + off * itemsize, ch * itemsize)
-        c._step()
+        _step(c)
         if first:
-            c._check_desc()
+            _check_desc(c)
             c._load_factors(o)
             first = False
         for q in range(n):
@@ -84,9 +84,9 @@ cdef int _reduce_scatter_zero_copy(Communicator c, op_t *o) except -1 nogil:
     cdef char *first = o.ins[0] - c.rank * o.heap_stride  # rank 0's input
     for q in range(c.size):
         c.srcs[q] = first + q * o.heap_stride + c.rank * o.nbytes
-    c._lease(-1)
+    _lease(c, -1)
     shm_reduce(o.ptr, c.srcs, c.factors, c.size, o.count, o.dtype, o.op)
     c._unlease()
     c.zero_copy_calls += 1
-    c._step()  # inputs untouched until every rank has read its piece
+    _step(c)  # inputs untouched until every rank has read its piece
     return 0

@@ -28,15 +28,15 @@ cdef int _run_scatter(Communicator c, op_t *o) except -1 nogil:
     cdef char *out = o.ptr
     cdef char **ins = o.ins
     cdef bint first = True
-    c._set_desc(K_SCATTER, o.dtype, nbytes, root, 0)
+    _set_desc(c, K_SCATTER, o.dtype, nbytes, root, 0)
     if c._single_copy_size(nbytes):
         first = False
-        if c._publish_table(ins if c.rank == root else NULL, c.size):
+        if _publish_table(c, ins if c.rank == root else NULL, c.size):
             if c.rank == root:
                 c._out(out, ins[root], nbytes, nbytes)
             else:
-                c._cma(root, out, c._peer_entry(root, c.rank), nbytes, False)
-            c._step()
+                _cma(c, root, out, c._peer_entry(root, c.rank), nbytes, False)
+            _step(c)
             return 0
     while first or off < nbytes:
         ch = min(cap, nbytes - off)
@@ -45,9 +45,9 @@ cdef int _run_scatter(Communicator c, op_t *o) except -1 nogil:
             for q in range(c.size):
                 if q != root:
                     memcpy(c.slot(root, s) + q * cap, ins[q] + off, ch)
-        c._step()
+        _step(c)
         if first:
-            c._check_desc()
+            _check_desc(c)
             first = False
         if c.rank == root:
             c._out(out + off, ins[root] + off, ch, nbytes)

@@ -296,7 +296,7 @@ cdef int _run_reduce_scatter_v(Communicator c, op_t *o) except -1 nogil:
     cdef uint64_t *sizes
     cdef char **ins = o.ins
     cdef bint first = True
-    c._set_desc(K_REDUCE_SCATTER_V, o.dtype, 0, 0, o.op)
+    _set_desc(c, K_REDUCE_SCATTER_V, o.dtype, 0, 0, o.op)
     c._set_factor(o)
     while first or off < most:
         s = c.next_step()
@@ -308,9 +308,9 @@ cdef int _run_reduce_scatter_v(Communicator c, op_t *o) except -1 nogil:
         for q in range(n):
             if q != c.rank and o.in_bytes[q] > off:
                 memcpy(c.slot(c.rank, s) + header + q * cap, ins[q] + off, min(cap, o.in_bytes[q] - off))
-        c._step()
+        _step(c)
         if first:
-            c._check_desc()
+            _check_desc(c)
             c._load_factors(o)
             for a in range(n):
                 for b in range(n):

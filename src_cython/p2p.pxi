@@ -354,9 +354,9 @@ cdef class P2PEngine:
     cdef _check_open(self):
         if self.closed:
             raise ShmcommError("the process group was destroyed")
-        self.comm._check_process()
+        _check_process(self.comm)
         if self.comm.hdr != NULL and capi.shm_load_acquire(&self.comm.hdr.abort_flag):
-            raise AbortedError(self.comm._aborted_text())
+            raise AbortedError(_aborted_text(self.comm))
 
     cdef uint64_t _deadline(self):
         return capi.shm_now_ns() + <uint64_t>(self.comm.timeout * 1e9)
@@ -684,10 +684,10 @@ cdef class P2PEngine:
         cdef _SendOp s
         cdef _RecvOp r
         if c.is_aborted():
-            self._fail_all(AbortedError(self.comm._aborted_text()))
+            self._fail_all(AbortedError(_aborted_text(self.comm)))
             return
         gone = [q != c.rank and (capi.shm_load_acquire(&c.cb(q).state) == SHM_RANK_DEPARTED
-                                 or c._peer_dead(q)) for q in range(c.size)]
+                                 or _peer_dead(c, q)) for q in range(c.size)]
         for q in range(c.size):
             while self.sendq[q]:
                 s = self.sendq[q][0]

@@ -124,7 +124,7 @@ cdef class RpcChannel:
     # ---- liveness -----------------------------------------------------------------------------
     cdef bint _gone(self, int r) noexcept nogil:
         return (capi.shm_load_acquire(&self.comm.cb(r).state) == SHM_RANK_DEPARTED
-                or self.comm._peer_dead(r))
+                or _peer_dead(self.comm, r))
 
     def peer_gone(self, int r):
         """True once rank ``r`` died or left (remembered: a gone peer never comes back)."""
@@ -179,7 +179,7 @@ cdef class RpcChannel:
             raise ValueError(f"at most {RPC_MAX_BUFFERS} buffers per frame, got {nbuf}")
         if self.comm.closed:
             raise ShmcommError("the RPC channel is closed")
-        self.comm._check_process()
+        _check_process(self.comm)
         if self.gone[dst]:
             raise self._gone_error(dst, "send to")
         if timeout < 0:
@@ -310,7 +310,7 @@ cdef class RpcChannel:
             raise ShmcommError("RpcChannel.recv: another thread is receiving")
         if self.comm.closed:
             raise ShmcommError("the RPC channel is closed")
-        self.comm._check_process()
+        _check_process(self.comm)
         self.receiving = True
         try:
             end = capi.shm_now_ns() + <uint64_t>(min(wait_s, 1e9) * 1e9) if wait_s >= 0 else 0

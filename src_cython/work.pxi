@@ -81,10 +81,10 @@ cdef class Work(_Call):
             return self._wait_future(limit)
         if not self.done():
             with nogil:
-                rc = self._comm._drive(&self.o, limit)
+                rc = _drive(self._comm, &self.o, limit)
             if rc == -2:
                 raise CommTimeoutError(f"Work not completed within {timeout} s")
-            self._comm._prune()
+            _prune(self._comm)
         if self.error is not None:
             raise self.error
         return True

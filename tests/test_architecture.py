@@ -33,7 +33,6 @@ OVERSIZE_EXEMPT = {
 OVERSIZE_BEING_SPLIT = {
     "shmcomm/hierarchy.py": "being split in issue #30",
     "shmcomm/multinode/compose.py": "hierarchy.py under its new name, being split in issue #30",
-    "src_cython/engine.pxi": "being split in issue #30",
     "src_cython/p2p.pxi": "being split in issue #30",
 }
 

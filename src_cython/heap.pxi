@@ -1,0 +1,97 @@
+# The shared heap behind sc.empty: one segment per allocation, every rank's part at a fixed
+# stride, and finding which heap (if any) holds an array, for the zero-copy paths. Free functions
+# of Communicator.
+
+cdef _alloc_shared(Communicator self, size_t nbytes_per_rank):
+    """Communicator.alloc_shared: see its docstring."""
+    from shmcomm.segments import segment_name
+    cdef size_t stride = _align_up(max(nbytes_per_rank, 1), 4096)
+    cdef size_t total = SHM_HEADER_BYTES + stride * self.size
+    cdef Segment seg = None
+    cdef capi.shm_heap_header_t *hh
+    cdef uint64_t nonce = 0
+    cdef _Call call = _open(self, False)
+    try:
+        _begin(self, b"empty")
+        self.heap_count += 1
+        part = self.derived_part(f"{self.part}.h{self.heap_count}")
+        name = segment_name(self.job, part)
+        tag = self.creds.tag(self.job, part)
+        failed = None  # rank 0's error creating the segment: every rank raises its cause
+        if self.rank == 0:
+            nonce = int.from_bytes(os.urandom(8), "little")
+            try:
+                seg = Segment.create(name, total)
+            except (ShmcommError, OSError) as e:
+                failed = e
+            else:
+                hh = <capi.shm_heap_header_t *>seg.base
+                hh.nonce = nonce
+                memcpy(hh.tag, <char *>tag, 32)
+                hh.magic = SHM_HEAP_MAGIC
+        _set_desc(self, K_ALLOC, 0, nbytes_per_rank, 0, 0)
+        # words 5-7 are not compared by _check_desc: rank 0's failure flag, the space left
+        # in /dev/shm when it failed, the heap's nonce
+        self.cb(self.rank).desc[(self.step + 1) & 1][5] = failed is not None
+        self.cb(self.rank).desc[(self.step + 1) & 1][6] = _shm_free_bytes() if failed is not None else 0
+        self.cb(self.rank).desc[(self.step + 1) & 1][7] = nonce
+        try:
+            with nogil:
+                _step(self)
+                _check_desc(self)
+            if self.cb(0).desc[self.step & 1][5]:  # the group stays usable: nothing was made
+                if failed is not None:
+                    raise failed
+                raise ShmcommError(
+                    f"empty: rank 0 could not create the shared array's segment of {total} "
+                    f"bytes in /dev/shm ({self.cb(0).desc[self.step & 1][6]} bytes free; see "
+                    f"rank 0's error; enlarge /dev/shm, e.g. docker --shm-size)")
+            if self.rank != 0:
+                nonce = self.cb(0).desc[self.step & 1][7]
+                try:
+                    seg = Segment.attach(name)
+                except ShmcommError as e:
+                    self.abort()
+                    raise _fail(self, e) from None
+                hh = <capi.shm_heap_header_t *>seg.base if seg is not None else NULL
+                if hh == NULL or seg.size != total or hh.magic != SHM_HEAP_MAGIC \
+                        or hh.nonce != nonce \
+                        or not self.creds.accepts((<char *>hh.tag)[:32], self.hdr.self_made,
+                                                  self.job, part):
+                    # (the group's rule: ranks started by hand, each with a secret of its
+                    # own, share the job name, and here rank 0's nonce)
+                    from shmcomm.trust import UntrustedFileError
+                    self.abort()
+                    raise _fail(self, UntrustedFileError(
+                        f"empty: shared array segment /dev/shm{name} is missing or is not the one "
+                        f"rank 0 of job {self.job!r} created (size, nonce or tag differ)"))
+            seg.data_offset = SHM_HEADER_BYTES
+            with nogil:
+                _step(self)
+        finally:
+            if seg is not None and self.rank == 0:
+                seg.unlink()
+    finally:
+        _abandon(self, call)
+    self.heaps = [h for h in self.heaps if h[0]() is not None]
+    self.heaps.append((weakref.ref(seg), self.heap_count, stride))
+    return seg, stride
+
+
+
+cdef uint64_t _find_heap(Communicator self, char *ptr, size_t nbytes, uint64_t *off, size_t *stride_out):
+    """Heap id (0: none) of the sc.empty region of this rank holding [ptr, ptr+nbytes)."""
+    cdef Segment seg
+    cdef char *lo
+    for ref, heap_id, stride in self.heaps:
+        seg = ref()
+        if seg is None:
+            continue
+        lo = seg.base + seg.data_offset + self.rank * <size_t>stride
+        if lo <= ptr and ptr + nbytes <= lo + <size_t>stride:
+            off[0] = ptr - lo
+            stride_out[0] = stride
+            return heap_id
+    off[0] = 0
+    stride_out[0] = 0
+    return 0

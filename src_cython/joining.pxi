@@ -1,0 +1,191 @@
+# Joining a group: the first rank creates the group's segment, the others attach and check it is
+# this job's (tag, nonce, the creator alive), every rank registers (pid, start time, pidfd) and
+# probes whether it can read peers' memory directly (cross-memory attach), then all wait until
+# every rank is there. Free functions of Communicator (engine.pxi holds its fields).
+
+# ---- rendezvous ---------------------------------------------------------------------------
+cdef _rendezvous(Communicator self, size_t slot_bytes, size_t ring_bytes, size_t cma_bytes):
+    from shmcomm.segments import describe, segment_name
+    name = segment_name(self.job, self.part)
+    deadline = time.monotonic() + self.timeout
+    host, boot = socket.gethostname(), _boot_id()
+    cdef size_t total
+    if self.rank == 0:
+        total = self._layout(slot_bytes, ring_bytes)
+        while True:
+            try:
+                self.seg = Segment.create(name, total)
+                break
+            except FileExistsError:
+                info = describe("/dev/shm" + name)
+                if info.valid and not info.stale:
+                    raise ShmcommError(
+                        f"job name {self.job!r} is in use by live processes {info.pids}; "
+                        f"give this job another name (SHMCOMM_JOB or name=)") from None
+                Segment.attach(name) and None
+                os.unlink("/dev/shm" + name) if os.path.exists("/dev/shm" + name) else None
+        self.base = self.seg.base
+        self.hdr = <capi.shm_header_t *>self.base
+        self.hdr.version = SHM_VERSION
+        self.hdr.world_size = self.size
+        self.hdr.layout_size = total
+        self.hdr.slot_bytes = self.slot_bytes
+        self.hdr.ring_bytes = self.ring_bytes
+        self.hdr.creator_pid = getpid()
+        self.hdr.small_bytes = self.small_bytes
+        self.hdr.cma_bytes = cma_bytes
+        self.hdr.nonce = int.from_bytes(os.urandom(8), "little")
+        self.hdr.name_salt = int.from_bytes(os.urandom(8), "little")
+        self.hdr.abort_rank = -1
+        _copy_text(self.hdr.job, self.job, 127)
+        _copy_text(self.hdr.boot_id, boot, 63)
+        _copy_text(self.hdr.hostname, host, 63)
+        tag = self.creds.tag(self.job, self.part)
+        memcpy(self.hdr.tag, <char *>tag, 32)
+        self.hdr.self_made = self.creds.self_made
+        capi.shm_store_release64(&self.hdr.magic, SHM_MAGIC)
+    else:
+        _attach(self, name, deadline, host, boot)
+    _register(self)
+    try:
+        _wait_all_attached(self, deadline)
+    except BaseException:
+        self.cb(self.rank).state = SHM_RANK_DEPARTED
+        self.seg.unlink_name()
+        raise
+    for r in range(self.size):
+        self.pids[r] = self.cb(r).pid
+        if r != self.rank:
+            self.pidfds[r] = capi.shm_pidfd_open(self.pids[r])
+            _verify_peer(self, r)
+    # Algorithm choices depend on these, so every rank takes rank 0's values.
+    self.small_bytes = self.hdr.small_bytes
+    self.cma_bytes = self.hdr.cma_bytes
+    self.cma_ok = self.cma_bytes > 0 and _probe_cma(self)
+    capi.shm_store_seq_cst(&self.cb(self.rank).cma_ok, self.cma_ok)  # senders of p2p look
+
+
+
+cdef _verify_peer(Communicator self, int r):
+    """Rank r's pid, read from the segment, must name the process that registered: same
+    user, same start time (checked after the pidfd is open, so the pid cannot be recycled
+    under us). Cross-memory copies only ever target these pids."""
+    from shmcomm.trust import process_identity
+    ident = process_identity(self.pids[r])
+    if ident is None or ident[0] != os.geteuid() or ident[1] != self.cb(r).start_time:
+        self.cb(self.rank).state = SHM_RANK_DEPARTED
+        raise ShmcommError(
+            f"init_process_group: rank {r} registered pid {self.pids[r]}, but that is not the "
+            f"process that joined job {self.job!r} (" +
+            ("it does not exist" if ident is None else
+             f"uid {ident[0]}, start time {ident[1]}; expected uid {os.geteuid()}, start time "
+             f"{self.cb(r).start_time}") + ")")
+
+
+
+cdef bint _probe_cma(Communicator self):
+    """Can this rank read every peer's memory directly (same user, no ptrace restriction)?"""
+    cdef int32_t seen
+    for r in range(self.size):
+        if r != self.rank:
+            seen = 0
+            if capi.shm_cma_read(self.pids[r], &seen, self.cb(r).probe_addr, sizeof(seen)) != 0 \
+                    or seen != self.pids[r]:
+                return False
+    return True
+
+
+
+cdef _attach(Communicator self, str name, double deadline, str host, str boot):
+    cdef Segment seg
+    delay = 0.0005
+    while True:
+        seg = Segment.attach(name)
+        if seg is not None and seg.size >= SHM_HEADER_BYTES:
+            hdr = <capi.shm_header_t *>seg.base
+            if capi.shm_load_acquire64(&hdr.magic) == SHM_MAGIC and _creator_alive(self, hdr.creator_pid):
+                if hdr.version != SHM_VERSION:
+                    raise ShmcommError(f"segment {name} has layout version {hdr.version}, this "
+                                       f"shmcomm uses {SHM_VERSION}: mixed shmcomm versions?")
+                if not self.creds.accepts((<char *>hdr.tag)[:32], hdr.self_made, self.job, self.part):
+                    from shmcomm.trust import foreign_job_error
+                    raise foreign_job_error("/dev/shm" + name, self.job, hdr.creator_pid)
+                if hdr.world_size != <uint32_t>self.size:
+                    raise ShmcommError(f"rank {self.rank} was started with world_size={self.size} "
+                                       f"but rank 0 with world_size={hdr.world_size}")
+                self.base = seg.base
+                total = self._layout(hdr.slot_bytes, hdr.ring_bytes)
+                if hdr.layout_size != total or seg.size != total:
+                    raise ShmcommError(f"segment {name} has a corrupt layout size")
+                theirs_host = hdr.hostname.decode(errors="replace")
+                theirs_boot = hdr.boot_id.decode(errors="replace")
+                if theirs_host != host[:63] or theirs_boot != boot[:63]:
+                    raise ShmcommError(
+                        f"rank {self.rank} on host {host!r} found rank 0 on host {theirs_host!r}: "
+                        f"shmcomm groups must have every rank on one machine")
+                self.seg = seg
+                self.hdr = hdr
+                return
+            if capi.shm_load_acquire64(&hdr.magic) == SHM_MAGIC:
+                # Rank 0 died before every rank attached (SIGKILL during start-up): nobody
+                # else would remove its segment. Remove it (if the name still is that one,
+                # not a restarted rank 0's) and wait for a new rank 0.
+                _remove_if_same(self, name, hdr.nonce)
+        seg = None
+        if time.monotonic() > deadline:
+            raise CommTimeoutError(
+                f"rank {self.rank} found no segment from rank 0 of job {self.job!r} within "
+                f"{self.timeout} s: is rank 0 running, on this machine, with the same job name?")
+        time.sleep(delay)  # releases the GIL: other threads (a progress thread) run meanwhile
+        delay = min(delay * 2, 0.01)
+        PyErr_CheckSignals()
+
+
+
+cdef _remove_if_same(Communicator self, str name, uint64_t nonce):
+    cdef Segment again = Segment.attach(name)
+    if again is not None and again.size >= SHM_HEADER_BYTES \
+            and (<capi.shm_header_t *>again.base).nonce == nonce:
+        again.unlink_name()
+
+
+
+cdef bint _creator_alive(Communicator self, int pid):
+    return pid > 0 and (kill(pid, 0) == 0 or errno != ESRCH)
+
+
+
+cdef _register(Communicator self):
+    cdef capi.shm_cb_t *me = self.cb(self.rank)
+    if me.state == SHM_RANK_ATTACHED and me.pid > 0 and kill(me.pid, 0) == 0:
+        raise ShmcommError(f"rank {self.rank} of job {self.job!r} is already taken by pid "
+                           f"{me.pid}: two processes were given the same rank")
+    from shmcomm.trust import process_identity
+    me.pid = getpid()
+    me.start_time = process_identity(me.pid)[1]
+    me.probe_addr = <uint64_t>&me.pid
+    capi.shm_store_seq_cst(&me.state, SHM_RANK_ATTACHED)
+    cdef uint32_t joined = capi.shm_fetch_add(&self.hdr.attached, 1) + 1
+    capi.shm_futex_wake_all(&self.hdr.attached)
+    if joined == <uint32_t>self.size:
+        self.seg.unlink_name()  # everyone is in: the name is no longer needed
+
+
+
+cdef _wait_all_attached(Communicator self, double deadline):
+    cdef uint32_t target = self.size
+    cdef int got
+    while True:
+        with nogil:  # other threads of this process (progress threads) run while we wait
+            got = capi.shm_wait_geq(&self.hdr.attached, target, &self.hdr.attached_waiters,
+                                    0, 1, SLICE_NS // 5)
+        if got:
+            return
+        PyErr_CheckSignals()
+        if not _creator_alive(self, self.hdr.creator_pid):
+            raise peer_failure("init_process_group", 0, self.hdr.creator_pid, "died during start-up")
+        if time.monotonic() > deadline:
+            missing = [r for r in range(self.size) if self.cb(r).state != SHM_RANK_ATTACHED]
+            raise CommTimeoutError(
+                f"init_process_group timed out after {self.timeout} s: rank(s) {missing} of job "
+                f"{self.job!r} never joined (same job name and world size on every rank?)")

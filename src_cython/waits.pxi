@@ -1,0 +1,199 @@
+# Steps, waits and health: the one place a rank waits for its peers (spin adaptively, yield, then
+# sleep on the futex in slices), checks their health between slices (dead, stopped, aborted,
+# timed out), begins an op, publishes a step and compares the descriptors every rank published
+# with it. Free functions of Communicator (engine.pxi holds its fields).
+
+# ---- waiting and health -------------------------------------------------------------------
+cdef bint _peer_dead(Communicator self, int r) noexcept nogil:
+    if self.pidfds[r] >= 0:
+        return capi.shm_pidfd_exited(self.pidfds[r])
+    return kill(self.pids[r], 0) != 0 and errno == ESRCH
+
+
+
+cdef object _fail(Communicator self, object exc):
+    """Remember why the group broke (a step was left half done) and return the error."""
+    self.broken = exc
+    return exc
+
+
+
+cdef str _name(Communicator self):
+    return (<bytes>self.op_name).decode()
+
+
+
+cdef int _check_health(Communicator self, int peer, uint32_t target) except -1 nogil:
+    """Raise if the group is aborted, a peer we wait for is gone, the deadline passed, or a
+    Python signal handler raised. peer < 0: every peer whose seq is behind `target`."""
+    cdef int r, first, last
+    if capi.shm_load_acquire(&self.hdr.abort_flag):
+        with gil:
+            raise _fail(self, AbortedError(f"{_name(self)}: {_aborted_text(self)}"))
+    if peer < 0:
+        first, last = 0, self.size
+    else:
+        first, last = peer, peer + 1
+    for r in range(first, last):
+        if r == self.rank:
+            continue
+        if peer < 0 and capi.shm_seq_geq(capi.shm_load_acquire(&self.cb(r).seq), target):
+            continue
+        if capi.shm_load_acquire(&self.cb(r).state) == SHM_RANK_DEPARTED or _peer_dead(self, r):
+            with gil:
+                raise _fail(self, peer_failure(_name(self), r, self.pids[r]))
+    if capi.shm_now_ns() > self.deadline_ns:
+        with gil:
+            # each late rank with the step it reached: a rank far behind is stuck
+            # elsewhere (another collective, or computing), one step behind is just late
+            late = [(r, capi.shm_load_acquire(&self.cb(r).seq)) for r in range(self.size)
+                    if r != self.rank and
+                    not capi.shm_seq_geq(capi.shm_load_acquire(&self.cb(r).seq), target)]
+            where = ", ".join(f"rank {r} at step {seq}" for r, seq in late) or "none"
+            raise _fail(self, CommTimeoutError(
+                f"{_name(self)} timed out after {self.timeout} s on rank {self.rank} "
+                f"waiting for {'rank %d' % peer if peer >= 0 else 'its peers'} at step "
+                f"{target}; not arrived: {where}"))
+    with gil:
+        try:
+            PyErr_CheckSignals()
+        except BaseException as exc:
+            _fail(self, ShmcommError(f"{_name(self)} interrupted: {exc!r}"))
+            raise
+    return 0
+
+
+
+cdef bint _peer_shares_core(Communicator self, int peer) noexcept nogil:
+    """Whether `peer` (every peer when -1) last waited on the CPU this thread runs on: the
+    scheduler may keep two ranks on one core while busy processes hold the others, and then
+    a spinning waiter only delays the peer it waits for."""
+    cdef int cpu = capi.sched_getcpu()
+    cdef uint32_t here = <uint32_t>(cpu + 1) if cpu >= 0 else 0
+    cdef int r
+    if here != self.cpu_here:
+        self.cpu_here = here
+        capi.shm_store_release(&self.cb(self.rank).cpu, here)
+    if here == 0:
+        return False
+    if peer >= 0:
+        return capi.shm_load_acquire(&self.cb(peer).cpu) == here
+    for r in range(self.size):
+        if r != self.rank and capi.shm_load_acquire(&self.cb(r).cpu) == here:
+            return True
+    return False
+
+
+
+cdef int _wait(Communicator self, uint32_t *word, uint32_t target, uint32_t *waiters, int peer) except -1 nogil:
+    # On the progress thread with nobody waiting, the caller is computing: sleep soon and
+    # leave it the core.
+    cdef uint64_t spin = self.spin_ns
+    if self.background and capi.shm_load_acquire(&self.engine.drivers) == 0:
+        spin = 0
+    elif spin and _peer_shares_core(self, peer):
+        spin = 0  # it can only run once this thread stops: no spinning, straight to yielding
+    cdef int got = capi.shm_wait_geq(word, target, waiters, spin, self.yields, SLICE_NS)
+    if spin:
+        # Adaptive spinning: a wait that ended while spinning says peers answer within the
+        # budget, so keep (regrow) it; one that had to sleep says the budget only burnt a
+        # core somebody else needed (a loaded machine), so halve it, down to a floor. (Also
+        # regrowing after waits that ended soon after the spin stopped was measured worse:
+        # on a core shared with its peer, a waiter's peer arrives right after it gives the
+        # core up, so that rule grew budgets that only delayed the peer: window medians of
+        # 16-27 us where this rule, with the shared-core check, gives 0.4-0.6 us.)
+        if got == 1:
+            self.spin_ns = min(self.spin_max_ns, 2 * self.spin_ns)
+        else:
+            self.spin_ns = max(min(SPIN_FLOOR_NS, self.spin_max_ns), self.spin_ns // 2)
+    if got:
+        return 0
+    while True:
+        _check_health(self, peer, target)
+        if capi.shm_wait_geq(word, target, waiters, 0, 0, SLICE_NS):
+            return 0
+
+
+
+cdef int _begin(Communicator self, const char *op_name) except -1 nogil:
+    if self.closed:
+        with gil:
+            raise ShmcommError(f"{op_name.decode()}: the process group was destroyed")
+    if capi.shm_load_acquire(&self.hdr.abort_flag):
+        with gil:
+            raise AbortedError(f"{op_name.decode()}: {_aborted_text(self)}")
+    if self.broken is not None:  # read without the GIL: set once, never cleared
+        with gil:
+            raise ShmcommError(f"{op_name.decode()}: the group is unusable after an earlier "
+                               f"failure: {self.broken}") from self.broken
+    self.op_name = op_name
+    self.deadline_ns = capi.shm_now_ns() + <uint64_t>(self.timeout * 1e9)
+    self.published = False
+    return 0
+
+
+
+cdef int _step(Communicator self) except -1 nogil:
+    cdef uint32_t s = self.step + 1
+    cdef int i, q
+    cdef capi.shm_cb_t *c = self.cb(self.rank)
+    self.step = s
+    capi.shm_publish(&c.seq, s, &c.seq_waiters)
+    for i in range(1, self.size):
+        q = (self.rank + i) % self.size
+        c = self.cb(q)
+        if not capi.shm_seq_geq(capi.shm_load_acquire(&c.seq), s):
+            _wait(self, &c.seq, s, &c.seq_waiters, -1)
+    return 0
+
+
+
+cdef void _set_desc(Communicator self, uint64_t kind, uint64_t dtype, uint64_t nbytes, uint64_t root,
+                    uint64_t op) noexcept nogil:
+    cdef uint64_t *d = self.cb(self.rank).desc[(self.step + 1) & 1]
+    d[0] = kind; d[1] = dtype; d[2] = nbytes; d[3] = root; d[4] = op
+
+
+
+cdef int _check_desc(Communicator self) except -1 nogil:
+    cdef uint64_t *mine = self.cb(self.rank).desc[self.step & 1]
+    cdef uint64_t *theirs
+    cdef int q, w
+    for q in range(self.size):
+        theirs = self.cb(q).desc[self.step & 1]
+        for w in range(5):
+            if theirs[w] != mine[w]:
+                # every rank compares the same descriptors and fails here: none will copy,
+                # so what this step exposed needs no withdrawal (the group stays usable)
+                self.published = False
+                with gil:
+                    raise CollectiveMismatchError(_mismatch_text(self))
+    return 0
+
+
+
+cdef str _mismatch_text(Communicator self):
+    lines = [f"rank {q}: {describe_call(self.cb(q).desc[self.step & 1])}" for q in range(self.size)]
+    return "ranks called different collectives or arguments:\n  " + "\n  ".join(lines)
+
+
+
+cdef int _check_process(Communicator self) except -1:
+    """Refuse a call from a child forked from this rank's process: it would act as the
+    parent's rank, and its peers would get wrong data or none."""
+    if _this_pid != self.owner_pid:
+        raise ShmcommError(
+            f"process group {self.job}.{self.part} belongs to process {self.owner_pid} (rank "
+            f"{self.rank}); this process ({_this_pid}) is a child forked from it and cannot use "
+            f"it: join a group of its own in the child (init_process_group), or start children "
+            f"with multiprocessing's 'spawn' or 'forkserver' method")
+    return 0
+
+
+
+cdef str _aborted_text(Communicator self):
+    """``the group was aborted``, with who did it and why when the first to abort said."""
+    if self.hdr == NULL or self.hdr.abort_rank < 0:
+        return "the group was aborted"
+    reason = (<bytes>(<char *>self.hdr.abort_reason)).decode(errors="replace")
+    return f"the group was aborted by rank {self.hdr.abort_rank}: {reason}"
