@@ -16,8 +16,9 @@ import time
 import weakref
 from typing import Any, Iterable, TypeVar, overload
 
-from shmcomm import _core
 from shmcomm._core import Future, Work
+from shmcomm._core import collect_all as _collect_all
+from shmcomm._core import wait_all as _wait_all
 from shmcomm.errors import CommTimeoutError
 
 _T = TypeVar("_T")
@@ -86,7 +87,7 @@ def collect_all(futures: Iterable[Future[Any] | Work]) -> Future[list[Future[Any
         >>> [f.value() for f in both.wait()]
         [1, 2]
     """
-    return _core.collect_all(_futures(futures, "collect_all"))
+    return _collect_all(_futures(futures, "collect_all"))
 
 
 @overload
@@ -116,7 +117,7 @@ def wait_all(futures: Iterable[Future[Any] | Work], timeout: float | None = None
         >>> sc.wait_all([a, b])
         [1, 2]
     """
-    return _core.wait_all(_futures(futures, "wait_all"), timeout)
+    return _wait_all(_futures(futures, "wait_all"), timeout)
 
 
 def wait_any(futures: Iterable[Future[Any] | Work], timeout: float | None = None) -> int:

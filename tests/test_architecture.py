@@ -30,21 +30,11 @@ MAX_CODE_LINES = 500
 OVERSIZE_EXEMPT = {
     "src_cython/future.pxi": "the compiled Future, one concept; exempt in issue #30",
 }
-OVERSIZE_BEING_SPLIT = {
-    "shmcomm/hierarchy.py": "being split in issue #30",
-    "shmcomm/multinode/compose.py": "hierarchy.py under its new name, being split in issue #30",
-    "src_cython/p2p.pxi": "being split in issue #30",
-}
+OVERSIZE_BEING_SPLIT: dict = {}
 
 # Imports (importer, imported) tolerated inside a cycle for now, with why; every other import of
 # the cycle is still checked, so a new cycle through these modules fails.
-CYCLE_ALLOWED = {
-    ("shmcomm.group", "shmcomm"):
-        "group.py is being removed in issue #30 (moves to shmcomm.multinode)",
-    ("shmcomm.waits", "shmcomm"):
-        "`from shmcomm import _core` reads the package namespace; waits.py is outside this change "
-        "(fix: `from shmcomm._core import ...`)",
-}
+CYCLE_ALLOWED: dict = {}
 
 SOURCE_SUFFIXES = (".py", ".pyx", ".pxi", ".pxd", ".h", ".c")
 GENERATED = {"src_cython/_core.c"}   # Cython's output for _core.pyx

@@ -1,0 +1,404 @@
+# Point to point, moving bytes: the eager fast paths (a whole message straight into or out of its
+# ring), control messages, moving every byte that can move (_p2p_pass: ring writes and reads,
+# matching arrivals to posted receives, single-copy pulls and pushes) and failing what a dead peer
+# leaves behind. Free functions of P2PEngine (p2p.pxi holds its state, posting and threads).
+
+# ---- eager paths and control messages --------------------------------------------------------
+cdef bint _p2p_put_eager(P2PEngine self, int dst, buf_t *b, int64_t tag) except -1:
+    """Write a whole message into ring me->dst if it has room now; False if not."""
+    cdef Communicator c = self.comm
+    cdef capi.shm_ring_t *ring = c.ring(c.rank, dst)
+    cdef char *data = <char *>ring + SHM_RING_CTRL_BYTES
+    cdef uint64_t head = ring.head, tail = self.known_tail[dst]
+    cdef size_t cap = c.ring_bytes
+    cdef unsigned char header[MSG_HEADER_BYTES]
+    if <size_t>(head - tail) + MSG_HEADER_BYTES + b.nbytes > cap:
+        # The receiver's tail line is read only when the stale value says "no room": reading
+        # it every time put a cache miss on every message's path. (The general path moves
+        # head too, so head - stale tail may exceed the capacity: never subtract from cap.)
+        tail = capi.shm_load_acquire64(&ring.tail)
+        self.known_tail[dst] = tail
+        if <size_t>(head - tail) + MSG_HEADER_BYTES + b.nbytes > cap:
+            return False
+    _pack_header(header, b.dtype, tag, b.nbytes, MSG_DATA, 0, 0)
+    with nogil:
+        capi.shm_ring_put(data, cap, head, <char *>header, MSG_HEADER_BYTES)
+        capi.shm_ring_put(data, cap, head + MSG_HEADER_BYTES, b.ptr, b.nbytes)
+        capi.shm_store_release64(&ring.head, head + MSG_HEADER_BYTES + b.nbytes)
+        capi.shm_ring_bell(&c.cb(dst).bell, &c.cb(dst).bell_waiters)
+    return True
+
+
+
+cdef int _p2p_take_eager(P2PEngine self, int src, buf_t *b, int64_t tag) except -2:
+    """Take the next message of ring src->me into ``b``: 1 done, 0 not (wholly) there yet,
+    -1 it is not a plain message of this tag, size and dtype (the general path handles it)."""
+    cdef Communicator c = self.comm
+    cdef capi.shm_ring_t *ring = c.ring(src, c.rank)
+    cdef char *data = <char *>ring + SHM_RING_CTRL_BYTES
+    cdef uint64_t tail = ring.tail, head = capi.shm_load_acquire64(&ring.head)
+    cdef size_t cap = c.ring_bytes, avail = <size_t>(head - tail)
+    cdef unsigned char header[MSG_HEADER_BYTES]
+    if avail < MSG_HEADER_BYTES:
+        return 0
+    capi.shm_ring_get(<char *>header, data, cap, tail, MSG_HEADER_BYTES)
+    if ((<uint32_t *>header)[0] != MSG_MAGIC or (<uint64_t *>header)[3] != MSG_DATA
+            or (<int64_t *>header)[1] != tag or (<uint64_t *>header)[2] != b.nbytes
+            or (<uint32_t *>header)[1] != <uint32_t>b.dtype):
+        return -1
+    if avail < MSG_HEADER_BYTES + b.nbytes:
+        return 0
+    with nogil:
+        capi.shm_ring_get(b.ptr, data, cap, tail + MSG_HEADER_BYTES, b.nbytes)
+        capi.shm_store_release64(&ring.tail, tail + MSG_HEADER_BYTES + b.nbytes)
+        capi.shm_ring_bell(&c.cb(src).bell, &c.cb(src).bell_waiters)
+    return 1
+
+
+
+cdef _p2p_send_control(P2PEngine self, int dst, uint64_t kind, uint64_t msg_id, int status=0, int64_t offset=0,
+                   uint64_t nbytes=0, uint64_t addr=0):
+    """Send a header-only control message (ACK, PUSH, PUSHED) about message `msg_id`."""
+    cdef _SendOp ctl = _SendOp()
+    ctl.total, ctl.done, ctl.dst, ctl.deadline = MSG_HEADER_BYTES, 0, dst, self._deadline()
+    _pack_header(ctl.header, status, offset, nbytes, kind, addr, msg_id)
+    if not self.sendq[dst]:  # usually the ring has room: send it now, the peer is waiting
+        _p2p_write(self, dst, ctl)
+        if ctl.done == ctl.total:
+            return
+    self.sendq[dst].append(ctl)
+    self.pending += 1
+    self._kick()  # a full ring: the progress thread delivers it
+
+
+
+# ---- moving bytes -------------------------------------------------------------------------
+cdef bint _p2p_pass(P2PEngine self) except -1:
+    """Move every byte that can move now; True if anything moved."""
+    cdef bint moved = False
+    cdef int r
+    cdef _SendOp sent
+    for r in range(self.comm.size):
+        while self.sendq[r]:
+            if _p2p_write(self, r, <_SendOp>self.sendq[r][0]):
+                moved = True
+            if (<_SendOp>self.sendq[r][0]).done < (<_SendOp>self.sendq[r][0]).total:
+                break
+            sent = <_SendOp>self.sendq[r].popleft()
+            if sent.waits_for_ack:  # the receiver still has to read the payload
+                self.acks_due[(<uint64_t *>sent.header)[5]] = sent
+            else:
+                _p2p_finish(self, sent.future, None, None, -1)
+    for r in range(self.comm.size):
+        while _p2p_read(self, r):
+            moved = True
+    return moved
+
+
+
+cdef bint _p2p_write(P2PEngine self, int dst, _SendOp op) except -1:
+    cdef Communicator c = self.comm
+    cdef capi.shm_ring_t *ring = c.ring(c.rank, dst)
+    cdef char *data = <char *>ring + SHM_RING_CTRL_BYTES
+    cdef uint64_t head = ring.head, tail = capi.shm_load_acquire64(&ring.tail)
+    cdef size_t cap = c.ring_bytes, room = cap - <size_t>(head - tail), n
+    cdef const char *src
+    if room == 0:
+        return False
+    while room and op.done < op.total:
+        if op.done < MSG_HEADER_BYTES:
+            src, n = <char *>op.header + op.done, MSG_HEADER_BYTES - op.done
+        else:
+            src, n = op.ptr + (op.done - MSG_HEADER_BYTES), op.total - op.done
+        n = min(n, room)
+        with nogil:
+            capi.shm_ring_put(data, cap, head, src, n)
+        head += n
+        room -= n
+        op.done += n
+    capi.shm_store_release64(&ring.head, head)
+    capi.shm_ring_bell(&c.cb(dst).bell, &c.cb(dst).bell_waiters)
+    return True
+
+
+
+cdef size_t _p2p_take(P2PEngine self, int src, char *dst, size_t want) except? 0:
+    """Copy up to `want` available bytes of ring src->me into dst; return how many."""
+    cdef Communicator c = self.comm
+    cdef capi.shm_ring_t *ring = c.ring(src, c.rank)
+    cdef char *data = <char *>ring + SHM_RING_CTRL_BYTES
+    cdef uint64_t tail = ring.tail, head = capi.shm_load_acquire64(&ring.head)
+    cdef size_t cap = c.ring_bytes, n = min(want, <size_t>(head - tail))
+    if n == 0:
+        return 0
+    if dst != NULL:
+        with nogil:
+            capi.shm_ring_get(dst, data, cap, tail, n)
+    capi.shm_store_release64(&ring.tail, tail + n)
+    capi.shm_ring_bell(&c.cb(src).bell, &c.cb(src).bell_waiters)
+    return n
+
+
+
+cdef bint _p2p_read(P2PEngine self, int src) except -1:
+    cdef _Incoming inc = self.incoming[src]
+    cdef size_t n
+    cdef char *dst
+    if inc is None:
+        inc = _Incoming()
+        inc.src = src
+        self.incoming[src] = inc
+    if inc.header_got < MSG_HEADER_BYTES:
+        n = _p2p_take(self, src, <char *>inc.header + inc.header_got, MSG_HEADER_BYTES - inc.header_got)
+        inc.header_got += n
+        if inc.header_got < MSG_HEADER_BYTES:
+            return n > 0
+        if (<uint32_t *>inc.header)[0] != MSG_MAGIC:
+            raise ShmcommError(f"corrupt message header from rank {src}")
+        inc.dtype = (<uint32_t *>inc.header)[1]
+        inc.tag = (<int64_t *>inc.header)[1]
+        inc.nbytes = (<uint64_t *>inc.header)[2]
+        inc.kind = (<uint64_t *>inc.header)[3]
+        inc.addr = (<uint64_t *>inc.header)[4]
+        inc.msg_id = (<uint64_t *>inc.header)[5]
+        if inc.kind == MSG_ACK:
+            self.incoming[src] = None
+            acked = self.acks_due.pop(inc.msg_id, None)
+            if acked is not None:
+                _p2p_finish(self, (<_SendOp>acked).future, None, None, -1)
+            return True
+        if inc.kind == MSG_PUSH:
+            self.incoming[src] = None
+            _p2p_push(self, src, inc)
+            return True
+        if inc.kind == MSG_PUSHED:
+            self.incoming[src] = None
+            waiting = self.pushes_due.pop((src, inc.msg_id), None)
+            if waiting is not None:
+                error = waiting[1]
+                if error is None and inc.dtype:
+                    error = ShmcommError(f"recv from rank {src}: it could not write into this "
+                                         f"buffer: {_os_error_text(inc.dtype)}")
+                _p2p_finish_recv(self, waiting[0], error, src)
+            return True
+        if inc.kind == MSG_CMA:
+            inc.got = inc.nbytes  # nothing more comes through the ring
+        _p2p_match(self, inc)
+    if inc.got < inc.nbytes:
+        if inc.buf is not None:
+            dst = <char *>inc.buf + inc.got
+        else:
+            dst = inc.target.ptr + inc.got
+        n = _p2p_take(self, src, dst, inc.nbytes - inc.got)
+        inc.got += n
+        if inc.got < inc.nbytes:
+            return n > 0
+    inc.complete = True
+    self.incoming[src] = None
+    if inc.target is not None:
+        if inc.buf is not None and inc in self.unexpected:
+            self.unexpected.remove(inc)  # a receive claimed it while it streamed in
+        _p2p_deliver(self, inc)
+    return True
+
+
+
+cdef _p2p_match(P2PEngine self, _Incoming inc):
+    cdef _RecvOp op
+    for op in self.posted:
+        if (op.src < 0 or op.src == inc.src) and op.tag == inc.tag:
+            self.posted.remove(op)
+            inc.target = op
+            if op.nbytes != inc.nbytes or op.dtype != inc.dtype:
+                if inc.kind == MSG_DATA:
+                    inc.buf = bytearray(inc.nbytes)  # drain it, then fail the receive
+                inc.error = CollectiveMismatchError(
+                    f"recv: rank {inc.src} sent {inc.nbytes} bytes of {DTYPE_NAMES[inc.dtype]} "
+                    f"(tag {inc.tag}) into a buffer of {op.nbytes} bytes of {DTYPE_NAMES[op.dtype]}")
+            return
+    if inc.kind == MSG_DATA:
+        inc.buf = bytearray(inc.nbytes)
+    self.unexpected.append(inc)
+
+
+
+cdef _p2p_deliver(P2PEngine self, _Incoming inc):
+    cdef _RecvOp op = inc.target
+    cdef char *src
+    if inc.kind == MSG_CMA:
+        if inc.error is None and (op.nbytes != inc.nbytes or op.dtype != inc.dtype):
+            inc.error = CollectiveMismatchError(
+                f"recv: rank {inc.src} sent {inc.nbytes} bytes of {DTYPE_NAMES[inc.dtype]} "
+                f"(tag {inc.tag}) into a buffer of {op.nbytes} bytes of {DTYPE_NAMES[op.dtype]}")
+        if inc.error is None and inc.nbytes >= SHARED_PUSH_BYTES and inc.src != self.comm.rank:
+            # Share the copy: the sender writes the second half while this rank reads the
+            # first; the receive completes when its PUSHED arrives.
+            split = (inc.nbytes // 2) & ~(<size_t>4095)
+            _p2p_send_control(self, inc.src, MSG_PUSH, inc.msg_id, 0, split, inc.nbytes - split,
+                               <uint64_t>op.ptr + split)
+            error = _p2p_read_from_sender(self, inc, op.ptr, split)
+            _p2p_send_control(self, inc.src, MSG_ACK, inc.msg_id)
+            self.pushes_due[(inc.src, inc.msg_id)] = [op, error]
+            return
+        if inc.error is None:
+            inc.error = _p2p_read_from_sender(self, inc, op.ptr, inc.nbytes)
+        _p2p_send_control(self, inc.src, MSG_ACK, inc.msg_id)
+    elif inc.error is None and inc.buf is not None:
+        if op.nbytes != inc.nbytes or op.dtype != inc.dtype:
+            inc.error = CollectiveMismatchError(
+                f"recv: rank {inc.src} sent {inc.nbytes} bytes of {DTYPE_NAMES[inc.dtype]} "
+                f"(tag {inc.tag}) into a buffer of {op.nbytes} bytes of {DTYPE_NAMES[op.dtype]}")
+        else:
+            src = <char *>inc.buf
+            memcpy(op.ptr, src, inc.nbytes)
+    _p2p_finish_recv(self, op, inc.error, inc.src)
+
+
+
+cdef _p2p_push(P2PEngine self, int dst, _Incoming req):
+    """A receiver asked for part of a CMA message we sent: write it into its buffer."""
+    cdef _SendOp op = self.acks_due.get(req.msg_id)
+    cdef int err = 0, pid = self.comm.pids[dst]
+    cdef uint64_t remote = req.addr
+    cdef size_t n = req.nbytes
+    cdef char *local
+    if op is None:  # the send already failed here (timeout, abort): tell the receiver
+        _p2p_send_control(self, dst, MSG_PUSHED, req.msg_id, 5)  # EIO
+        return
+    if req.tag < 0 or <size_t>req.tag > op.nbytes or n > op.nbytes - <size_t>req.tag:
+        # read from the ring, so never trusted: only the message's own bytes are ever sent
+        _p2p_send_control(self, dst, MSG_PUSHED, req.msg_id, 22)  # EINVAL
+        return
+    local = op.ptr + req.tag
+    with nogil:
+        err = capi.shm_cma_write(pid, local, remote, n)
+    _p2p_send_control(self, dst, MSG_PUSHED, req.msg_id, err)
+    if err:
+        del self.acks_due[req.msg_id]
+        _p2p_finish(self, op.future, ShmcommError(f"send to rank {dst}: writing into its buffer failed: "
+                                             f"{_os_error_text(err)}"), None, -1)
+
+
+
+cdef object _p2p_read_from_sender(P2PEngine self, _Incoming inc, char *dst, size_t n):
+    """Copy the first n bytes of a CMA message out of the sender's memory; an error or None."""
+    cdef int err = 0, pid = self.comm.pids[inc.src]
+    cdef uint64_t addr = inc.addr
+    if inc.src == self.comm.rank:
+        memcpy(dst, <char *>addr, n)
+        return None
+    with nogil:
+        err = capi.shm_cma_read(pid, dst, addr, n)
+    if err == 0:
+        return None
+    return os_failure(f"recv from rank {inc.src}: reading its memory", err, inc.src, pid)
+
+
+
+cdef _p2p_finish_recv(P2PEngine self, _RecvOp op, error, int source):
+    """Complete a receive matched with a message from ``source``."""
+    op.source = source
+    _p2p_finish(self, op.future, error, op.work, source)
+
+
+
+cdef _p2p_finish(P2PEngine self, future, error, work, int source):
+    self.pending -= 1
+    if future is None:  # an ACK we sent
+        return
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+        return
+    if work is not None:
+        work._source = source
+    future.set_result(work._outputs if work is not None else [])
+
+
+
+cdef bint _p2p_pull_unexpected(P2PEngine self) except -1:
+    """Read every single-copy message no receive has asked for yet into a private buffer and
+    acknowledge it, which completes its sender's send. Called by a thread blocked in drive():
+    two ranks that each send a large message to the other before receiving would otherwise
+    wait for each other's receive for ever (each send waits for its ACK). True if any."""
+    cdef _Incoming inc
+    cdef bytearray data
+    cdef bint pulled = False
+    for inc in self.unexpected:
+        if inc.kind != MSG_CMA or not inc.complete or inc.target is not None \
+                or inc.error is not None or inc.src == self.comm.rank:
+            continue
+        data = bytearray(inc.nbytes)
+        inc.error = _p2p_read_from_sender(self, inc, <char *>data, inc.nbytes)
+        inc.kind, inc.buf = MSG_DATA, data  # a receive now copies it out, as any buffered one
+        if inc.error is None:
+            _p2p_send_control(self, inc.src, MSG_ACK, inc.msg_id)
+        pulled = True
+    return pulled
+
+
+
+cdef _p2p_check_failures(P2PEngine self):
+    """Fail operations whose peer is gone, or that ran past their deadline."""
+    cdef Communicator c = self.comm
+    cdef uint64_t now = capi.shm_now_ns()
+    cdef _SendOp s
+    cdef _RecvOp r
+    if c.is_aborted():
+        _p2p_fail_all(self, AbortedError(_aborted_text(self.comm)))
+        return
+    gone = [q != c.rank and (capi.shm_load_acquire(&c.cb(q).state) == SHM_RANK_DEPARTED
+                             or _peer_dead(c, q)) for q in range(c.size)]
+    for q in range(c.size):
+        while self.sendq[q]:
+            s = self.sendq[q][0]
+            if not gone[q] and now < s.deadline:
+                break
+            self.sendq[q].popleft()
+            _p2p_finish(self, s.future, _p2p_why(self, q, gone[q], "send to"), None, -1)
+    for msg_id, s in list(self.acks_due.items()):
+        if gone[s.dst] or now >= s.deadline:
+            del self.acks_due[msg_id]
+            _p2p_finish(self, s.future, _p2p_why(self, s.dst, gone[s.dst], "send to"), None, -1)
+    for key, waiting in list(self.pushes_due.items()):
+        r = waiting[0]
+        if gone[key[0]] or now >= r.deadline:
+            del self.pushes_due[key]
+            _p2p_finish(self, r.future, _p2p_why(self, key[0], gone[key[0]], "recv from"), None, -1)
+    everyone_gone = all(gone[q] for q in range(c.size) if q != c.rank)
+    for r in list(self.posted):
+        if now >= r.deadline or (gone[r.src] if r.src >= 0 else everyone_gone and c.size > 1):
+            self.posted.remove(r)
+            _p2p_finish(self, r.future, _p2p_why(self, r.src, now < r.deadline, "recv from"), None, -1)
+
+
+
+cdef object _p2p_why(P2PEngine self, int q, bint gone, str what):
+    c = self.comm
+    if gone:
+        pid = c.pids[q] if q >= 0 else -1
+        return peer_failure(f"{what} rank {q}", q, pid)
+    return CommTimeoutError(f"{what} rank {q}: no progress within {c.timeout} s")
+
+
+
+cdef _p2p_fail_all(P2PEngine self, exc):
+    cdef _SendOp s
+    cdef _RecvOp r
+    for q in range(self.comm.size):
+        while self.sendq[q]:
+            s = self.sendq[q].popleft()
+            _p2p_finish(self, s.future, exc, None, -1)
+    for r in self.posted:
+        _p2p_finish(self, r.future, exc, None, -1)
+    self.posted.clear()
+    for s in self.acks_due.values():
+        _p2p_finish(self, s.future, exc, None, -1)
+    self.acks_due.clear()
+    for waiting in self.pushes_due.values():
+        _p2p_finish(self, (<_RecvOp>waiting[0]).future, exc, None, -1)
+    self.pushes_due.clear()
+    for inc in self.unexpected:
+        if (<_Incoming>inc).target is not None:
+            _p2p_finish(self, (<_Incoming>inc).target.future, exc, None, -1)
