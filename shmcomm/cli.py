@@ -221,13 +221,22 @@ def info_lines() -> list[tuple[str, str]]:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    lines = info_lines()
+    from shmcomm.settings import in_effect
+
+    lines, table = info_lines(), in_effect()
     if args.json:
-        print(json.dumps(dict(lines), indent=1))
+        print(json.dumps({**dict(lines), "settings": table}, indent=1))
         return 0
     width = max(len(k) for k, _ in lines)
     for key, value in lines:
         print(f"{key + ':':<{width + 1}} {value}")
+    print("\nsettings (every SHMCOMM_* variable shmcomm reads; * = set here):")
+    width = max(len(str(row["var"])) for row in table)
+    for row in table:
+        mark = "*" if row["value"] is not None else " "
+        value = f"{row['value']} (default {row['default']})" if mark == "*" else str(row["default"])
+        floor = f"; at least {row['floor']}" if row["floor"] is not None else ""
+        print(f"{mark} {str(row['var']):<{width}}  {row['scope']:<9} {value}{floor}: {row['why']}")
     return 0
 
 

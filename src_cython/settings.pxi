@@ -1,22 +1,9 @@
-# Every SHMCOMM_* tuning setting of the compiled core, read in one place when a group is created.
-# (Job identity, RANK/WORLD_SIZE and SHMCOMM_TIMEOUT belong to shmcomm.group.)
+# The compiled core's group tuning, read when a group is created through the one table of every
+# SHMCOMM_* variable (shmcomm/settings.py: names, defaults, floors and why).
 
 
 cdef inline size_t _align_up(size_t x, size_t a) noexcept nogil:
     return (x + a - 1) // a * a
-
-
-def _env_bytes(str var, size_t default, size_t minimum):
-    raw = os.environ.get(var)
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{var} must be an integer, got {raw!r}") from None
-    if value < <long long>minimum:
-        raise ValueError(f"{var} must be at least {minimum}, got {value}")
-    return value
 
 
 _llc_bytes = None
@@ -61,28 +48,9 @@ def group_settings(int size, int threads_per_rank=1):
         >>> group_settings(2)["slot_bytes"] >= 4096
         True
     """
+    from shmcomm.settings import GROUP_TUNING, read_int
     choose_simd_level()
     usable = len(os.sched_getaffinity(0))
-    fits = size * max(1, threads_per_rank) <= usable
-    return {
-        # Messages up to this size go one-shot through the slots.
-        "small_bytes": _env_bytes("SHMCOMM_SMALL_BYTES", 16384, 0),
-        # Outputs from half the last-level cache up are written with streaming stores; smaller
-        # ones stay cached where the caller reads them next (on a 32 MiB-L3 VM, all_gather: 8 MiB
-        # streamed 0.6-2.3 ms vs 0.7-0.8 ms, 32 MiB 3.8-4.3 ms vs 4.7-5.2 ms). Reductions, whose
-        # outputs are their inputs and still cached, never stream.
-        "stream_bytes": _env_bytes("SHMCOMM_STREAM_BYTES", _last_level_cache_bytes() // 2, 0),
-        # Ranks that fit the cores spin up to 2 ms before sleeping: a futex wake-up costs tens of
-        # microseconds, and far more when another process holds the core. A rank blocked for
-        # seconds still sleeps almost all the time. More ranks than cores: never spin.
-        "spin_us": _env_bytes("SHMCOMM_SPIN_US", 2000 if fits else 0, 0),
-        # More ranks than cores: the peer we wait for needs our core, so give it away with
-        # sched_yield for a while (a few hundred microseconds) before sleeping on the futex.
-        "yields": _env_bytes("SHMCOMM_YIELDS", 16 if fits else 256, 0),
-        "slot_bytes": _env_bytes("SHMCOMM_SLOT_BYTES", 1 << 20, 4096),
-        "ring_bytes": _env_bytes("SHMCOMM_RING_BYTES", 256 << 10, 4096),
-        # Pieces from this size use cross-memory attach (single copy); 0 turns it off.
-        "cma_bytes": _env_bytes("SHMCOMM_CMA_BYTES", 256 << 10, 0),
-        # How often the progress thread looks for queued async ops while the group is busy.
-        "progress_us": _env_bytes("SHMCOMM_PROGRESS_US", 50, 1),
-    }
+    facts = {"size": size, "fits": size * max(1, threads_per_rank) <= usable,
+             "llc": _last_level_cache_bytes()}
+    return {s.key: read_int(s, s.compute(facts)) for s in GROUP_TUNING}

@@ -43,6 +43,7 @@ from shmcomm.rpc.replies import RepliesMixin
 from shmcomm.rpc.rref import ReferencesMixin
 from shmcomm.rpc.serving import ServingMixin, _Pool
 from shmcomm.rpc.shutdown import ShutdownMixin
+from shmcomm.settings import find, read_int
 
 __all__ = ["Agent", "WorkerInfo"]
 
@@ -90,8 +91,8 @@ class Agent(CallsMixin, RepliesMixin, ServingMixin, HousekeepingMixin, Reference
         # Waiting: yield the CPU a few times, then sleep on the doorbell. Busy-polling (the group
         # default when ranks fit the cores) cost 5-10x on a loaded or virtualised machine, where a
         # spinning thread takes the core its peer needs.
-        spin_us = int(os.environ.get("SHMCOMM_RPC_SPIN_US", "0"))
-        yields = int(os.environ.get("SHMCOMM_RPC_YIELDS", "64"))
+        spin_us = read_int(find("SHMCOMM_RPC_SPIN_US"), 0)
+        yields = read_int(find("SHMCOMM_RPC_YIELDS"), 64)
         for chan in (self.q, self.r):
             chan.spin_ns, chan.yields = spin_us * 1000, yields
         self._ids = itertools.count(1)
@@ -175,14 +176,6 @@ def _ring_bytes(world_size: int) -> int:
     """Bytes per ring: SHMCOMM_RPC_RING_BYTES, else about 4 MiB of rings per rank in all (two
     lanes, one ring from each rank), at least 256 KiB and at most 1 MiB + 64 KiB (a 1 MiB array
     and its frame pass without the sender waiting for room)."""
-    raw = os.environ.get("SHMCOMM_RPC_RING_BYTES")
-    if raw:
-        try:
-            value = int(raw)
-        except ValueError:
-            raise ValueError(f"SHMCOMM_RPC_RING_BYTES must be an integer, got {raw!r}") from None
-        if value < 4096:
-            raise ValueError(f"SHMCOMM_RPC_RING_BYTES must be at least 4096, got {value}")
-        return value
-    return max(256 << 10, min((1 << 20) + (64 << 10), ((2 << 20) + (128 << 10)) // max(1, world_size)))
+    default = max(256 << 10, min((1 << 20) + (64 << 10), ((2 << 20) + (128 << 10)) // max(1, world_size)))
+    return read_int(find("SHMCOMM_RPC_RING_BYTES"), default)
 

@@ -1,0 +1,183 @@
+"""Every ``SHMCOMM_*`` environment variable shmcomm reads, in one table.
+
+Each row names the variable, what it belongs to (its *scope*), its default, the smallest value it
+accepts where it is a number, and one line of why. The compiled core reads its group tuning
+through this table (``shmcomm._core.group_settings``), ``shmcomm info`` prints it whole (``--json``
+too), and a test checks that no ``SHMCOMM_*`` variable is read anywhere in the code without a row
+here.
+
+Scopes:
+    group      tuning of each process group, read when a group is created (``group_settings``)
+    job        how ranks meet: job name, secret, timeout
+    kernels    the SIMD level of the reduction kernels
+    multinode  the engine between nodes, simulated nodes
+    rpc        the RPC agent's rings and waits
+    bench      ``shmcomm-bench`` test hooks
+    build      read by setup.py when the extension is compiled
+
+Example::
+
+    >>> from shmcomm.settings import SETTINGS, find
+    >>> find("SHMCOMM_SLOT_BYTES").floor
+    4096
+    >>> all(s.var.startswith("SHMCOMM_") for s in SETTINGS)
+    True
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional
+
+__all__ = ["Setting", "SETTINGS", "GROUP_TUNING", "find", "read_int", "in_effect"]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One row of the table.
+
+    ``default`` is the default as a reader sees it (a value or the rule that gives it);
+    ``compute``, for group tuning only, gives that default from the group's facts (``size``,
+    ``fits``: whether every rank's busy threads fit the usable cores, ``llc``: last-level cache
+    bytes); ``key`` is the name in ``group_settings()``; ``floor`` the smallest integer accepted.
+
+    Example::
+
+        >>> Setting("EXAMPLE", "job", "1", "an example").floor is None
+        True
+    """
+
+    var: str
+    scope: str
+    default: str
+    why: str
+    floor: Optional[int] = None
+    key: Optional[str] = None
+    compute: Optional[Callable[[Mapping[str, int]], int]] = None
+    secret: bool = False  # never printed: `shmcomm info` says only whether it is set
+
+
+SETTINGS: tuple[Setting, ...] = (
+    # ---- group tuning (the compiled core; defaults measured on 2 cores, see DESIGN-NOTES) ----
+    Setting("SHMCOMM_SMALL_BYTES", "group", "16 KiB",
+            "messages up to this size go one-shot through the slots", 0, "small_bytes",
+            lambda g: 16384),
+    # Streaming stores from half the last-level cache: smaller outputs stay cached where the
+    # caller reads them next (on a 32 MiB-L3 VM, all_gather: 8 MiB streamed 0.6-2.3 ms vs
+    # 0.7-0.8 ms, 32 MiB 3.8-4.3 ms vs 4.7-5.2 ms). Reductions, whose outputs are their cached
+    # inputs, never stream.
+    Setting("SHMCOMM_STREAM_BYTES", "group", "half the last-level cache",
+            "outputs this large are written with streaming stores", 0, "stream_bytes",
+            lambda g: g["llc"] // 2),
+    # A futex wake-up costs tens of microseconds, far more when another process holds the core;
+    # a rank blocked for seconds still sleeps almost all the time. More ranks than cores: the
+    # peer needs our core, so never spin.
+    Setting("SHMCOMM_SPIN_US", "group", "2000 if the ranks fit the cores, else 0",
+            "most a wait busy-polls before yielding and sleeping (it adapts below this)", 0,
+            "spin_us", lambda g: 2000 if g["fits"] else 0),
+    # More ranks than cores: give the core to the peer we wait for for a few hundred
+    # microseconds before sleeping on the futex.
+    Setting("SHMCOMM_YIELDS", "group", "16 if the ranks fit the cores, else 256",
+            "sched_yield rounds of a wait between spinning and sleeping", 0, "yields",
+            lambda g: 16 if g["fits"] else 256),
+    Setting("SHMCOMM_SLOT_BYTES", "group", "1 MiB",
+            "each rank's two data slots in the group segment (chunk of the slot paths)", 4096,
+            "slot_bytes", lambda g: 1 << 20),
+    Setting("SHMCOMM_RING_BYTES", "group", "256 KiB",
+            "each point-to-point ring (one per ordered pair of ranks)", 4096, "ring_bytes",
+            lambda g: 256 << 10),
+    Setting("SHMCOMM_CMA_BYTES", "group", "256 KiB",
+            "pieces from this size use cross-memory attach (single copy); 0 turns it off", 0,
+            "cma_bytes", lambda g: 256 << 10),
+    Setting("SHMCOMM_PROGRESS_US", "group", "50",
+            "how often the progress thread looks for queued async ops while the group is busy", 1,
+            "progress_us", lambda g: 50),
+    # ---- how ranks meet -----------------------------------------------------------------------
+    Setting("SHMCOMM_JOB", "job", "TORCHELASTIC_RUN_ID + MASTER_PORT, else required",
+            "the job name ranks meet under (shmrun sets it)"),
+    Setting("SHMCOMM_SECRET", "job", "none (ranks started by hand make one up)",
+            "the job's shared secret: segments of other jobs are refused (shmrun sets it)",
+            secret=True),
+    Setting("SHMCOMM_TIMEOUT", "job", "300",
+            "seconds an operation waits for its peers before CommTimeoutError (torch's backend: "
+            "the timeout init_process_group passes)"),
+    # ---- kernels, nodes, RPC ------------------------------------------------------------------
+    Setting("SHMCOMM_SIMD", "kernels", "auto (the best level this CPU runs)",
+            "force a kernel level: baseline, avx2, avx512, neon (results are the same bits)"),
+    Setting("SHMCOMM_LINK", "multinode", "gloo",
+            "the engine between nodes: gloo (torch) or mpi (mpi4py, under mpirun)"),
+    Setting("SHMCOMM_SIMULATE_NODES", "multinode", "1",
+            "testing and benchmarking: split the ranks into K blocks that act as nodes", 1),
+    Setting("SHMCOMM_RPC_RING_BYTES", "rpc", "about 4 MiB of rings per rank, 256 KiB-1 MiB each",
+            "bytes of each RPC ring", 4096),
+    Setting("SHMCOMM_RPC_SPIN_US", "rpc", "0",
+            "microseconds an RPC wait busy-polls before yielding", 0),
+    Setting("SHMCOMM_RPC_YIELDS", "rpc", "64", "sched_yield rounds of an RPC wait before sleeping", 0),
+    # ---- tools and the build ------------------------------------------------------------------
+    Setting("SHMCOMM_BENCH_MPIRUN", "bench", "mpirun or mpiexec on PATH",
+            "the mpirun shmcomm-bench starts the MPI peer with"),
+    Setting("SHMCOMM_BENCH_UNAVAILABLE", "bench", "none",
+            "tests: backends shmcomm-bench treats as missing (comma list)"),
+    Setting("SHMCOMM_DEBUG_BUILD", "build", "0", "1: compile the core at -O0 -g"),
+    Setting("SHMCOMM_SANITIZE", "build", "none",
+            "address: an AddressSanitizer build (.ci/asan); never for a release"),
+    Setting("SHMCOMM_BUILD_CACHE", "build", "1",
+            "0: never reuse an identical earlier build from build/shmcomm-cache"),
+)
+
+GROUP_TUNING: tuple[Setting, ...] = tuple(s for s in SETTINGS if s.scope == "group")
+
+
+def find(var: str) -> Setting:
+    """The row of ``var``; KeyError if shmcomm does not read it.
+
+    Example::
+
+        >>> find("SHMCOMM_LINK").default
+        'gloo'
+    """
+    for s in SETTINGS:
+        if s.var == var:
+            return s
+    raise KeyError(f"{var} is not a shmcomm setting")
+
+
+def read_int(setting: Setting, default: int) -> int:
+    """``setting``'s integer value from the environment, else ``default``; a clear ValueError
+    naming the variable for a value that is not an integer or is below the floor.
+
+    Example::
+
+        >>> read_int(find("SHMCOMM_SLOT_BYTES"), 1 << 20) >= 4096
+        True
+    """
+    raw = os.environ.get(setting.var)
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{setting.var} must be an integer, got {raw!r}") from None
+    if setting.floor is not None and value < setting.floor:
+        raise ValueError(f"{setting.var} must be at least {setting.floor}, got {value}")
+    return value
+
+
+def in_effect() -> list[dict[str, object]]:
+    """Every row with the value set in this environment (None where unset; a secret's value shows
+    as "(set)"), for ``shmcomm info``.
+
+    Example::
+
+        >>> rows = in_effect(); rows[0]["var"]
+        'SHMCOMM_SMALL_BYTES'
+    """
+    def value(s: Setting) -> Optional[str]:
+        raw = os.environ.get(s.var) or None
+        if raw is not None and s.secret:
+            # "auto-...": made up by `import shmcomm` for this process's children, not set by you
+            return None if raw.startswith("auto-") else "(set)"
+        return raw
+
+    return [{"var": s.var, "scope": s.scope, "value": value(s),
+             "default": s.default, "floor": s.floor, "why": s.why} for s in SETTINGS]

@@ -1,0 +1,84 @@
+"""The one settings table (shmcomm/settings.py): every SHMCOMM_* variable the code reads has a row,
+`shmcomm info --json` prints every row, the core's group tuning goes through it (floors
+enforced with a message naming the variable), and secrets are never printed."""
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shmcomm import _core
+from shmcomm.settings import GROUP_TUNING, SETTINGS, find
+
+ROOT = Path(__file__).resolve().parent.parent
+NAME = re.compile(r"\bSHMCOMM_[A-Z0-9_]+\b")
+
+
+def _variables_in_code() -> dict[str, str]:
+    """Every SHMCOMM_* name in the package, the Cython sources and setup.py (C include guards,
+    which end in _H, aside), with one file that names it."""
+    found = {}
+    files = [*ROOT.joinpath("shmcomm").rglob("*.py"), *ROOT.joinpath("src_cython").glob("*.p*"),
+             *ROOT.joinpath("src_cython").glob("*.[ch]"), ROOT / "setup.py"]
+    for path in files:
+        if path.name == "_core.c":  # Cython's output
+            continue
+        for name in NAME.findall(path.read_text(errors="replace")):
+            if not name.endswith("_H"):
+                found.setdefault(name, str(path.relative_to(ROOT)))
+    return found
+
+
+def _info_json(**env):
+    res = subprocess.run([sys.executable, "-m", "shmcomm.cli", "info", "--json"], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, **env})
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+@pytest.mark.timeout(60)
+def test_every_variable_the_code_reads_is_in_the_table_and_in_info():
+    in_code = _variables_in_code()
+    assert len(in_code) >= 20, in_code  # the scan itself works
+    rows = {row["var"] for row in _info_json()["settings"]}
+    missing = {name: where for name, where in in_code.items() if name not in rows}
+    assert not missing, f"SHMCOMM_* variables read but not in shmcomm/settings.py: {missing}"
+    # and no row for a variable nothing reads any more
+    stale = rows - set(in_code)
+    assert not stale, f"rows in shmcomm/settings.py that no code reads: {sorted(stale)}"
+
+
+def test_each_row_is_complete():
+    assert len({s.var for s in SETTINGS}) == len(SETTINGS), "a variable has two rows"
+    for s in SETTINGS:
+        assert s.scope in {"group", "job", "kernels", "multinode", "rpc", "bench", "build"}, s
+        assert s.default and s.why, s
+    for s in GROUP_TUNING:
+        assert s.key and s.compute is not None and s.floor is not None, s
+
+
+def test_group_settings_come_from_the_table(monkeypatch):
+    keys = [s.key for s in GROUP_TUNING]
+    assert list(_core.group_settings(2)) == keys
+    monkeypatch.setenv("SHMCOMM_RING_BYTES", "8192")
+    assert _core.group_settings(2)["ring_bytes"] == 8192
+    monkeypatch.setenv("SHMCOMM_RING_BYTES", str(find("SHMCOMM_RING_BYTES").floor - 1))
+    with pytest.raises(ValueError, match="SHMCOMM_RING_BYTES must be at least 4096"):
+        _core.group_settings(2)
+    monkeypatch.setenv("SHMCOMM_RING_BYTES", "lots")
+    with pytest.raises(ValueError, match="SHMCOMM_RING_BYTES must be an integer"):
+        _core.group_settings(2)
+
+
+@pytest.mark.timeout(60)
+def test_info_marks_what_is_set_and_never_prints_a_secret():
+    rows = {row["var"]: row for row in _info_json(SHMCOMM_SECRET="hunter2", SHMCOMM_YIELDS="7")["settings"]}
+    assert rows["SHMCOMM_YIELDS"]["value"] == "7"
+    assert rows["SHMCOMM_SECRET"]["value"] == "(set)"
+    text = subprocess.run([sys.executable, "-m", "shmcomm.cli", "info"], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "SHMCOMM_SECRET": "hunter2"}).stdout
+    assert "hunter2" not in text
+    assert re.search(r"^\* SHMCOMM_SECRET\s+job\s+\(set\)", text, re.M), text
