@@ -83,10 +83,17 @@ cdef extern from "shm_layout.h" nogil:
 
     ctypedef struct shm_ring_t:
         uint64_t head
+        uint32_t room_wanted
         uint64_t tail
 
-    void shm_ring_put(char *data, size_t cap, uint64_t pos, const char *src, size_t n)
-    void shm_ring_get(char *dst, const char *data, size_t cap, uint64_t pos, size_t n)
+
+cdef extern from "shm_ring.h" nogil:
+    size_t shm_ring_room(shm_ring_t *r, size_t cap, uint64_t head)
+    uint64_t shm_ring_write(shm_ring_t *r, size_t cap, uint64_t head, const char *src, size_t n)
+    void shm_ring_publish(shm_ring_t *r, uint64_t head)
+    size_t shm_ring_avail(shm_ring_t *r, uint64_t tail)
+    void shm_ring_peek(shm_ring_t *r, size_t cap, uint64_t pos, char *dst, size_t n)
+    uint64_t shm_ring_read(shm_ring_t *r, size_t cap, uint64_t tail, char *dst, size_t n)
 
 
 cdef extern from "shm_engine.h" nogil:

@@ -364,7 +364,7 @@ cdef class Communicator:
         return f"{what}.{hashlib.blake2s(what.encode(), key=salt, digest_size=8).hexdigest()}"
 
     def is_aborted(self):
-        return self.hdr != NULL and capi.shm_load_acquire(&self.hdr.abort_flag) != 0
+        return _group_aborted(self)
 
     def refuse_inside_own_operation(self):
         """ShmcommError when this thread is running one of the group's own operations (a

@@ -293,7 +293,7 @@ cdef class P2PEngine:
         if self.closed:
             raise ShmcommError("the process group was destroyed")
         _check_process(self.comm)
-        if self.comm.hdr != NULL and capi.shm_load_acquire(&self.comm.hdr.abort_flag):
+        if _group_aborted(self.comm):
             raise AbortedError(_aborted_text(self.comm))
 
     cdef uint64_t _deadline(self):

@@ -8,7 +8,6 @@ cdef bint _p2p_put_eager(P2PEngine self, int dst, buf_t *b, int64_t tag) except 
     """Write a whole message into ring me->dst if it has room now; False if not."""
     cdef Communicator c = self.comm
     cdef capi.shm_ring_t *ring = c.ring(c.rank, dst)
-    cdef char *data = <char *>ring + SHM_RING_CTRL_BYTES
     cdef uint64_t head = ring.head, tail = self.known_tail[dst]
     cdef size_t cap = c.ring_bytes
     cdef unsigned char header[MSG_HEADER_BYTES]
@@ -22,9 +21,8 @@ cdef bint _p2p_put_eager(P2PEngine self, int dst, buf_t *b, int64_t tag) except 
             return False
     _pack_header(header, b.dtype, tag, b.nbytes, MSG_DATA, 0, 0)
     with nogil:
-        capi.shm_ring_put(data, cap, head, <char *>header, MSG_HEADER_BYTES)
-        capi.shm_ring_put(data, cap, head + MSG_HEADER_BYTES, b.ptr, b.nbytes)
-        capi.shm_store_release64(&ring.head, head + MSG_HEADER_BYTES + b.nbytes)
+        head = capi.shm_ring_write(ring, cap, head, <char *>header, MSG_HEADER_BYTES)
+        capi.shm_ring_publish(ring, capi.shm_ring_write(ring, cap, head, b.ptr, b.nbytes))
         capi.shm_ring_bell(&c.cb(dst).bell, &c.cb(dst).bell_waiters)
     return True
 
@@ -35,13 +33,12 @@ cdef int _p2p_take_eager(P2PEngine self, int src, buf_t *b, int64_t tag) except 
     -1 it is not a plain message of this tag, size and dtype (the general path handles it)."""
     cdef Communicator c = self.comm
     cdef capi.shm_ring_t *ring = c.ring(src, c.rank)
-    cdef char *data = <char *>ring + SHM_RING_CTRL_BYTES
-    cdef uint64_t tail = ring.tail, head = capi.shm_load_acquire64(&ring.head)
-    cdef size_t cap = c.ring_bytes, avail = <size_t>(head - tail)
+    cdef uint64_t tail = ring.tail
+    cdef size_t cap = c.ring_bytes, avail = capi.shm_ring_avail(ring, tail)
     cdef unsigned char header[MSG_HEADER_BYTES]
     if avail < MSG_HEADER_BYTES:
         return 0
-    capi.shm_ring_get(<char *>header, data, cap, tail, MSG_HEADER_BYTES)
+    capi.shm_ring_peek(ring, cap, tail, <char *>header, MSG_HEADER_BYTES)
     if ((<uint32_t *>header)[0] != MSG_MAGIC or (<uint64_t *>header)[3] != MSG_DATA
             or (<int64_t *>header)[1] != tag or (<uint64_t *>header)[2] != b.nbytes
             or (<uint32_t *>header)[1] != <uint32_t>b.dtype):
@@ -49,8 +46,7 @@ cdef int _p2p_take_eager(P2PEngine self, int src, buf_t *b, int64_t tag) except 
     if avail < MSG_HEADER_BYTES + b.nbytes:
         return 0
     with nogil:
-        capi.shm_ring_get(b.ptr, data, cap, tail + MSG_HEADER_BYTES, b.nbytes)
-        capi.shm_store_release64(&ring.tail, tail + MSG_HEADER_BYTES + b.nbytes)
+        capi.shm_ring_read(ring, cap, tail + MSG_HEADER_BYTES, b.ptr, b.nbytes)
         capi.shm_ring_bell(&c.cb(src).bell, &c.cb(src).bell_waiters)
     return 1
 
@@ -99,9 +95,8 @@ cdef bint _p2p_pass(P2PEngine self) except -1:
 cdef bint _p2p_write(P2PEngine self, int dst, _SendOp op) except -1:
     cdef Communicator c = self.comm
     cdef capi.shm_ring_t *ring = c.ring(c.rank, dst)
-    cdef char *data = <char *>ring + SHM_RING_CTRL_BYTES
-    cdef uint64_t head = ring.head, tail = capi.shm_load_acquire64(&ring.tail)
-    cdef size_t cap = c.ring_bytes, room = cap - <size_t>(head - tail), n
+    cdef uint64_t head = ring.head
+    cdef size_t cap = c.ring_bytes, room = capi.shm_ring_room(ring, cap, head), n
     cdef const char *src
     if room == 0:
         return False
@@ -112,11 +107,10 @@ cdef bint _p2p_write(P2PEngine self, int dst, _SendOp op) except -1:
             src, n = op.ptr + (op.done - MSG_HEADER_BYTES), op.total - op.done
         n = min(n, room)
         with nogil:
-            capi.shm_ring_put(data, cap, head, src, n)
-        head += n
+            head = capi.shm_ring_write(ring, cap, head, src, n)
         room -= n
         op.done += n
-    capi.shm_store_release64(&ring.head, head)
+    capi.shm_ring_publish(ring, head)
     capi.shm_ring_bell(&c.cb(dst).bell, &c.cb(dst).bell_waiters)
     return True
 
@@ -126,15 +120,12 @@ cdef size_t _p2p_take(P2PEngine self, int src, char *dst, size_t want) except? 0
     """Copy up to `want` available bytes of ring src->me into dst; return how many."""
     cdef Communicator c = self.comm
     cdef capi.shm_ring_t *ring = c.ring(src, c.rank)
-    cdef char *data = <char *>ring + SHM_RING_CTRL_BYTES
-    cdef uint64_t tail = ring.tail, head = capi.shm_load_acquire64(&ring.head)
-    cdef size_t cap = c.ring_bytes, n = min(want, <size_t>(head - tail))
+    cdef uint64_t tail = ring.tail
+    cdef size_t cap = c.ring_bytes, n = min(want, capi.shm_ring_avail(ring, tail))
     if n == 0:
         return 0
-    if dst != NULL:
-        with nogil:
-            capi.shm_ring_get(dst, data, cap, tail, n)
-    capi.shm_store_release64(&ring.tail, tail + n)
+    with nogil:
+        capi.shm_ring_read(ring, cap, tail, dst, n)
     capi.shm_ring_bell(&c.cb(src).bell, &c.cb(src).bell_waiters)
     return n
 
@@ -345,11 +336,10 @@ cdef _p2p_check_failures(P2PEngine self):
     cdef uint64_t now = capi.shm_now_ns()
     cdef _SendOp s
     cdef _RecvOp r
-    if c.is_aborted():
+    if _group_aborted(c):
         _p2p_fail_all(self, AbortedError(_aborted_text(self.comm)))
         return
-    gone = [q != c.rank and (capi.shm_load_acquire(&c.cb(q).state) == SHM_RANK_DEPARTED
-                             or _peer_dead(c, q)) for q in range(c.size)]
+    gone = [q != c.rank and _peer_gone(c, q) for q in range(c.size)]
     for q in range(c.size):
         while self.sendq[q]:
             s = self.sendq[q][0]

@@ -42,10 +42,6 @@ cdef enum:
 cdef uint64_t RPC_SLICE_NS = 20 * 1000 * 1000   # longest sleep between liveness checks
 
 
-cdef inline uint32_t *_rpc_room_wanted(capi.shm_ring_t *ring) noexcept nogil:
-    return <uint32_t *>(<char *>ring + 8)
-
-
 cdef inline uint32_t *_rpc_tail_word(capi.shm_ring_t *ring) noexcept nogil:
     return <uint32_t *>&ring.tail   # low half on little-endian targets (x86-64, aarch64)
 
@@ -122,15 +118,11 @@ cdef class RpcChannel:
         return <uint32_t *>(self.base + r * self.stride + self.lane * 128 + 64)
 
     # ---- liveness -----------------------------------------------------------------------------
-    cdef bint _gone(self, int r) noexcept nogil:
-        return (capi.shm_load_acquire(&self.comm.cb(r).state) == SHM_RANK_DEPARTED
-                or _peer_dead(self.comm, r))
-
     def peer_gone(self, int r):
         """True once rank ``r`` died or left (remembered: a gone peer never comes back)."""
         if not 0 <= r < self.size:
             raise ValueError(f"rank must be in [0, {self.size}), got {r}")
-        if r != self.rank and not self.gone[r] and self.comm.closed == False and self._gone(r):
+        if r != self.rank and not self.gone[r] and self.comm.closed == False and _peer_gone(self.comm, r):
             self.gone[r] = True
         return self.gone[r]
 
@@ -218,7 +210,7 @@ cdef class RpcChannel:
                 total += lens[i]
             ring = self.ring(self.rank, dst)
             try:
-                fits = self.ring_bytes - (ring.head - capi.shm_load_acquire64(&ring.tail)) >= total
+                fits = capi.shm_ring_room(ring, self.ring_bytes, ring.head) >= total
                 if only_if_room and not fits:
                     return False
                 if total <= RPC_GIL_FREE_COPY and fits:
@@ -249,7 +241,6 @@ cdef class RpcChannel:
     cdef int _write(self, int dst, const char **ptrs, size_t *lens, int nparts,
                     uint64_t deadline) noexcept nogil:
         cdef capi.shm_ring_t *ring = self.ring(self.rank, dst)
-        cdef char *data = <char *>ring + SHM_RING_CTRL_BYTES
         cdef size_t cap = self.ring_bytes, room, n, off
         cdef size_t chunk = max(<size_t>4096, min(cap // 4, self.publish_bytes))
         cdef uint64_t start = ring.head, head = start, published = start, tail, stall
@@ -260,19 +251,19 @@ cdef class RpcChannel:
         for p in range(nparts):
             off = 0
             while off < lens[p]:
-                tail = capi.shm_load_acquire64(&ring.tail)
+                tail = capi.shm_load_acquire64(&ring.tail)  # kept: the futex compares its low half
                 room = cap - <size_t>(head - tail)
                 if room == 0:
                     if head != published:
-                        capi.shm_store_release64(&ring.head, head)
+                        capi.shm_ring_publish(ring, head)
                         capi.shm_ring_bell(peer_bell, peer_waiters)
                         published = head
                     if capi.shm_wait_geq(_rpc_tail_word(ring), <uint32_t>tail + 1,
-                                         _rpc_room_wanted(ring), self.spin_ns, self.yields,
+                                         &ring.room_wanted, self.spin_ns, self.yields,
                                          RPC_SLICE_NS):
                         stall = 0
                         continue
-                    if self._gone(dst):
+                    if _peer_gone(self.comm, dst):
                         return RPC_GONE
                     if head == start and capi.shm_now_ns() > deadline:
                         return RPC_TIMEOUT
@@ -282,15 +273,14 @@ cdef class RpcChannel:
                         return RPC_STALLED
                     continue
                 n = min(lens[p] - off, room, chunk)
-                capi.shm_ring_put(data, cap, head, ptrs[p] + off, n)
-                head += n
+                head = capi.shm_ring_write(ring, cap, head, ptrs[p] + off, n)
                 off += n
                 if head - published >= chunk:
                     # let the receiver copy out while the rest goes in
-                    capi.shm_store_release64(&ring.head, head)
+                    capi.shm_ring_publish(ring, head)
                     capi.shm_ring_bell(peer_bell, peer_waiters)
                     published = head
-        capi.shm_store_release64(&ring.head, head)
+        capi.shm_ring_publish(ring, head)
         capi.shm_ring_bell(peer_bell, peer_waiters)
         return RPC_OK
 
@@ -345,7 +335,7 @@ cdef class RpcChannel:
         if src == self.rank or self.broken[src]:
             return False
         ring = self.ring(src, self.rank)
-        return capi.shm_load_acquire64(&ring.head) != ring.tail
+        return capi.shm_ring_avail(ring, ring.tail) != 0
 
     cdef bint _any_available(self) noexcept:
         cdef int r
@@ -396,8 +386,8 @@ cdef class RpcChannel:
         cdef int rc
         if want == 0:
             return 0
-        if want < RPC_GIL_FREE_COPY and capi.shm_load_acquire64(&ring.head) - tail >= want:
-            self._copy_out(ring, dst, want)
+        if want < RPC_GIL_FREE_COPY and capi.shm_ring_avail(ring, tail) >= want:
+            capi.shm_ring_read(ring, self.ring_bytes, tail, dst, want)
             return 0
         with nogil:
             rc = self._take_slow(src, dst, want)
@@ -405,17 +395,6 @@ cdef class RpcChannel:
             self.broken[src] = True
             raise self._gone_error(src, "receive from")
         return 0
-
-    cdef void _copy_out(self, capi.shm_ring_t *ring, char *dst, size_t n) noexcept nogil:
-        cdef char *data = <char *>ring + SHM_RING_CTRL_BYTES
-        cdef size_t cap = self.ring_bytes
-        cdef uint64_t tail = ring.tail
-        capi.shm_ring_get(dst, data, cap, tail, n)
-        capi.shm_store_release64(&ring.tail, tail + n)
-        # A full fence before reading room_wanted (see shm_wait_geq): the sender either sees the
-        # new tail or is counted here.
-        if capi.shm_fetch_add(_rpc_room_wanted(ring), 0):
-            capi.shm_futex_wake_all(_rpc_tail_word(ring))
 
     cdef int _take_slow(self, int src, char *dst, size_t want) noexcept nogil:
         cdef capi.shm_ring_t *ring = self.ring(src, self.rank)
@@ -426,15 +405,15 @@ cdef class RpcChannel:
         cdef size_t n
         while want:
             bell = capi.shm_load_acquire(my_bell)
-            avail = capi.shm_load_acquire64(&ring.head) - ring.tail
+            avail = capi.shm_ring_avail(ring, ring.tail)
             if avail == 0:
                 if not capi.shm_wait_geq(my_bell, bell + 1, my_waiters, self.spin_ns,
                                          self.yields, RPC_SLICE_NS):
-                    if self._gone(src) and capi.shm_load_acquire64(&ring.head) == ring.tail:
+                    if _peer_gone(self.comm, src) and capi.shm_ring_avail(ring, ring.tail) == 0:
                         return RPC_GONE
                 continue
             n = <size_t>min(<uint64_t>want, avail)
-            self._copy_out(ring, dst, n)
+            capi.shm_ring_read(ring, self.ring_bytes, ring.tail, dst, n)
             dst += n
             want -= n
         return RPC_OK

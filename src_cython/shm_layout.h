@@ -75,27 +75,15 @@ typedef struct {
     char pad1[248];
 } shm_cb_t;
 
-/* Single-producer single-consumer byte ring for messages from one rank to another. */
+/* Control of a single-producer single-consumer byte ring (one per ordered pair of ranks: point to
+ * point and RPC alike); its data area of `cap` bytes follows it. The operations are in shm_ring.h. */
 typedef struct {
     uint64_t head;           /* 0: bytes written, by the sender */
-    char pad0[120];
+    uint32_t room_wanted;    /* 8: senders asleep on tail's low half until the receiver makes room */
+    char pad0[116];
     uint64_t tail;           /* 128: bytes consumed, by the receiver */
     char pad1[120];
 } shm_ring_t;
-
-/* Copy n bytes into / out of a ring's data area at stream position pos, wrapping at cap.
- * Callers check room / availability and publish head / tail themselves. */
-static inline void shm_ring_put(char *data, size_t cap, uint64_t pos, const char *src, size_t n) {
-    size_t at = (size_t)(pos % cap), first = n < cap - at ? n : cap - at;
-    memcpy(data + at, src, first);
-    if (n > first) memcpy(data, src + first, n - first);
-}
-
-static inline void shm_ring_get(char *dst, const char *data, size_t cap, uint64_t pos, size_t n) {
-    size_t at = (size_t)(pos % cap), first = n < cap - at ? n : cap - at;
-    memcpy(dst, data + at, first);
-    if (n > first) memcpy(dst + first, data, n - first);
-}
 
 _Static_assert(sizeof(shm_header_t) <= SHM_HEADER_BYTES, "header too large");
 _Static_assert(sizeof(shm_heap_header_t) <= SHM_HEADER_BYTES, "heap header too large");

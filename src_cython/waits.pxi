@@ -3,11 +3,22 @@
 # timed out), begins an op, publishes a step and compares the descriptors every rank published
 # with it. Free functions of Communicator (engine.pxi holds its fields).
 
-# ---- waiting and health -------------------------------------------------------------------
+# ---- health: the one check collectives, point to point and RPC make -------------------------
 cdef bint _peer_dead(Communicator self, int r) noexcept nogil:
+    """Rank r's process has exited (pidfd, else kill(pid, 0)); it writes nothing any more."""
     if self.pidfds[r] >= 0:
         return capi.shm_pidfd_exited(self.pidfds[r])
     return kill(self.pids[r], 0) != 0 and errno == ESRCH
+
+
+cdef bint _peer_gone(Communicator self, int r) noexcept nogil:
+    """Rank r left the group (destroyed it) or died: nothing it owes this rank will come."""
+    return capi.shm_load_acquire(&self.cb(r).state) == SHM_RANK_DEPARTED or _peer_dead(self, r)
+
+
+cdef bint _group_aborted(Communicator self) noexcept nogil:
+    """Some rank aborted the group (Communicator.abort); every operation on it fails."""
+    return self.hdr != NULL and capi.shm_load_acquire(&self.hdr.abort_flag) != 0
 
 
 
@@ -27,7 +38,7 @@ cdef int _check_health(Communicator self, int peer, uint32_t target) except -1 n
     """Raise if the group is aborted, a peer we wait for is gone, the deadline passed, or a
     Python signal handler raised. peer < 0: every peer whose seq is behind `target`."""
     cdef int r, first, last
-    if capi.shm_load_acquire(&self.hdr.abort_flag):
+    if _group_aborted(self):
         with gil:
             raise _fail(self, AbortedError(f"{_name(self)}: {_aborted_text(self)}"))
     if peer < 0:
@@ -39,7 +50,7 @@ cdef int _check_health(Communicator self, int peer, uint32_t target) except -1 n
             continue
         if peer < 0 and capi.shm_seq_geq(capi.shm_load_acquire(&self.cb(r).seq), target):
             continue
-        if capi.shm_load_acquire(&self.cb(r).state) == SHM_RANK_DEPARTED or _peer_dead(self, r):
+        if _peer_gone(self, r):
             with gil:
                 raise _fail(self, peer_failure(_name(self), r, self.pids[r]))
     if capi.shm_now_ns() > self.deadline_ns:
@@ -119,7 +130,7 @@ cdef int _begin(Communicator self, const char *op_name) except -1 nogil:
     if self.closed:
         with gil:
             raise ShmcommError(f"{op_name.decode()}: the process group was destroyed")
-    if capi.shm_load_acquire(&self.hdr.abort_flag):
+    if _group_aborted(self):
         with gil:
             raise AbortedError(f"{op_name.decode()}: {_aborted_text(self)}")
     if self.broken is not None:  # read without the GIL: set once, never cleared
