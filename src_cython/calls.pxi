@@ -7,7 +7,7 @@
 from cpython.ref cimport PyObject
 from libc.stdlib cimport calloc, free
 
-# ---- the registry of kinds: descriptor word 0, and how a mismatch describes each ----------------
+# ---- kinds: descriptor word 0 (each kind's name, fields and runner: registry.pxi) ----------------
 cdef enum:
     K_BARRIER = 1
     K_ALL_REDUCE
@@ -25,24 +25,14 @@ cdef enum:
     K_GATHER_V
     K_SCATTER_V
     K_REDUCE_SCATTER_V
-
-# kind: (name, what its descriptor carries: "d"type, "n"bytes, "r"oot, "o"p)
-KINDS = {
-    K_BARRIER: ("barrier", ""), K_ALL_REDUCE: ("all_reduce", "dno"),
-    K_BROADCAST: ("broadcast", "dnr"), K_REDUCE: ("reduce", "dnro"),
-    K_ALL_GATHER: ("all_gather", "dn"), K_GATHER: ("gather", "dnr"), K_SCATTER: ("scatter", "dnr"),
-    K_REDUCE_SCATTER: ("reduce_scatter", "dno"), K_ALL_TO_ALL: ("all_to_all", "dn"),
-    K_ALL_TO_ALL_V: ("all_to_all_single", "dn"), K_ALLOC: ("empty/zeros", "n"),
-    K_PYTHON: ("operation", ""), K_ALL_GATHER_V: ("all_gather_v", "d"),
-    K_GATHER_V: ("gather_v", "dr"), K_SCATTER_V: ("scatter_v", "dr"),
-    K_REDUCE_SCATTER_V: ("reduce_scatter_v", "do"),
-}
-KIND_NAMES = {k: v[0] for k, v in KINDS.items()}
+    K_COUNT           # one past the last kind
 
 
 cdef str describe_call(const uint64_t *d):
     """One rank's descriptor as text: ``all_reduce(dtype=float32, nbytes=16, op=SUM)``."""
-    name, fields = KINDS.get(d[0], (f"kind {d[0]}", "dnro"))
+    if not 0 < d[0] < K_COUNT:
+        return f"kind {d[0]}(dtype={d[1]}, nbytes={d[2]}, root={d[3]}, op={d[4]})"
+    name, fields = _KIND_ROWS[d[0]].name.decode(), _KIND_ROWS[d[0]].fields.decode()
     args = []
     if "d" in fields:
         args.append(f"dtype={DTYPE_NAMES[d[1]] if d[1] < len(DTYPE_NAMES) else d[1]}")

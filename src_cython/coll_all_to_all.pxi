@@ -181,7 +181,7 @@ cdef int _all_to_all(Communicator c, op_t *o) except -1 nogil:
 cdef str _size_mismatch(op_t *o, int a, int b, uint64_t sent, uint64_t expected):
     unit = max(o.itemsize, 1)
     dt = DTYPE_NAMES[o.dtype]
-    return (f"{KIND_NAMES[o.kind]}: rank {a} sends {sent // unit} {dt} elements to rank {b}, "
+    return (f"{_KIND_ROWS[o.kind].name.decode()}: rank {a} sends {sent // unit} {dt} elements to rank {b}, "
             f"which expects {expected // unit}")
 
 

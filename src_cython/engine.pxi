@@ -591,22 +591,9 @@ cdef int _exec_batch_entry(Communicator c, op_t **ops, int k) except -1 nogil:
 
 cdef const char *_kind_cname(int kind) noexcept nogil:
     """The op's name as a C string, for error messages (static storage: no GIL needed)."""
-    if kind == K_ALL_REDUCE: return "all_reduce"
-    if kind == K_REDUCE: return "reduce"
-    if kind == K_BROADCAST: return "broadcast"
-    if kind == K_ALL_GATHER: return "all_gather"
-    if kind == K_GATHER: return "gather"
-    if kind == K_SCATTER: return "scatter"
-    if kind == K_REDUCE_SCATTER: return "reduce_scatter"
-    if kind == K_ALL_TO_ALL: return "all_to_all"
-    if kind == K_ALL_TO_ALL_V: return "all_to_all_single"
-    if kind == K_ALL_GATHER_V: return "all_gather_v"
-    if kind == K_GATHER_V: return "gather_v"
-    if kind == K_SCATTER_V: return "scatter_v"
-    if kind == K_REDUCE_SCATTER_V: return "reduce_scatter_v"
-    if kind == K_BARRIER: return "barrier"
-    if kind == K_ALLOC: return "empty"
-    return "operation"
+    if 0 < kind < K_COUNT:
+        return _KIND_ROWS[kind].name
+    return b"operation"
 
 
 cdef void _settle_future(op_t *o) noexcept nogil:

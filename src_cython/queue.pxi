@@ -12,26 +12,11 @@ cdef int _exec(Communicator self, op_t *o) except -1 nogil:
             call = <_Call>o.call
             call.fn(*call.args)
         return 0
-    _begin(self, <const char *>_kind_cname(k))
-    if k == K_ALL_REDUCE or k == K_REDUCE:
-        return _run_reduce(self, o)
-    if k == K_BROADCAST:
-        return _run_broadcast(self, o)
-    if k == K_ALL_GATHER or k == K_GATHER:
-        return _run_gather(self, o)
-    if k == K_SCATTER:
-        return _run_scatter(self, o)
-    if k == K_REDUCE_SCATTER:
-        return _run_reduce_scatter(self, o)
-    if k == K_ALL_TO_ALL or k == K_ALL_TO_ALL_V or k == K_ALL_GATHER_V or k == K_GATHER_V \
-            or k == K_SCATTER_V:
-        return _run_all_to_all(self, o)
-    if k == K_REDUCE_SCATTER_V:
-        return _run_reduce_scatter_v(self, o)
-    if k == K_BARRIER:
-        return _run_barrier(self, o)
-    with gil:
-        raise SystemError(f"unknown operation kind {k}")
+    if not 0 < k < K_COUNT or _KIND_ROWS[k].run == NULL:
+        with gil:
+            raise SystemError(f"unknown operation kind {k}")
+    _begin(self, _KIND_ROWS[k].name)
+    return _KIND_ROWS[k].run(self, o)
 
 
 
