@@ -401,7 +401,8 @@ class EngineGroup(ProcessGroup):
     The compiled ``GroupCore`` drives only the ``Communicator`` (its fast path is typed for it),
     so this class is its twin for other engines: each method takes the arguments ``GroupCore``'s
     method of the same name takes, converts them as it does, and calls ``self._engine``. Queued
-    operations still run in issue order on ``self._comm``'s progress engine.
+    operations still run in issue order on ``self._comm``'s progress engine. Each method's
+    docstring is the ``ProcessGroup`` method's (shmcomm.collectives gives both at import).
 
     Example::
 
@@ -477,12 +478,6 @@ class EngineGroup(ProcessGroup):
         work = self.irecv(array, src, tag)
         work.wait()
         return work.source_rank()
-
-
-# One text per call: EngineGroup's methods take GroupCore's (shmcomm.collectives copies the
-# module functions' full text onto those at import).
-for _name in (*ENGINE_CALLS, "send", "recv", "isend", "irecv"):
-    getattr(EngineGroup, _name).__doc__ = getattr(ProcessGroup, _name).__doc__
 
 
 def _partner_arg(rank: int | None, name: str, size: int, allow_any: bool) -> None:

@@ -83,8 +83,10 @@ def test_docstring_examples_run():
 @pytest.mark.timeout(60)
 def test_process_group_methods_share_the_module_functions_text():
     """One text per call: each ProcessGroup method's docstring is its module function's (copied
-    at import by shmcomm.collectives), without the ``group`` argument."""
+    at import by shmcomm.collectives), without the ``group`` argument; EngineGroup's twins of the
+    methods (groups across nodes) have the same text, not a one-line pointer to it."""
     from shmcomm.collectives import _SHARED_DOCS
+    from shmcomm.group import EngineGroup
 
     for name in _SHARED_DOCS:
         func, method = inspect.getdoc(getattr(shmcomm, name)), inspect.getdoc(getattr(shmcomm.ProcessGroup, name))
@@ -93,6 +95,7 @@ def test_process_group_methods_share_the_module_functions_text():
             assert section in func and section in method, (name, section)
         assert "    group (" in func and "    group (" not in method, name
         assert f"pg.{name}(" in method, name
+        assert inspect.getdoc(getattr(EngineGroup, name)) == method, name
 
 
 ROOT = Path(__file__).resolve().parent.parent
