@@ -37,3 +37,7 @@ _kind(K_SCATTER_V, "scatter_v", "dr", _run_all_to_all)
 _kind(K_REDUCE_SCATTER_V, "reduce_scatter_v", "do", _run_reduce_scatter_v)
 _kind(K_ALLOC, "empty", "n", NULL)        # sc.empty / sc.zeros: a step of alloc_shared (heap.pxi)
 _kind(K_PYTHON, "operation", "", NULL)    # a Python callable run in issue order (_exec runs it)
+
+# The rows as Python sees them (tools and tests): kind code -> (name, descriptor fields).
+KINDS = {k: (_KIND_ROWS[k].name.decode(), _KIND_ROWS[k].fields.decode()) for k in range(1, K_COUNT)}
+KIND_NAMES = {k: row[0] for k, row in KINDS.items()}
