@@ -36,6 +36,9 @@ __all__ = ["ProcessGroup", "init_process_group", "is_initialized", "get_rank", "
            "new_group", "split", "new_subgroups", "destroy_process_group", "default_group",
            "Engine", "ENGINE_CALLS", "EngineGroup", "register_multinode"]
 
+# Five minutes: long enough for any collective of a healthy job (and for ranks to start), short
+# enough that a script whose peer died fails while someone still watches it. (The torch backend
+# takes torch's own default instead, 30 minutes, because torch passes its timeout explicitly.)
 DEFAULT_TIMEOUT = 300.0
 # A send or receive partner of ``sendrecv`` that is none, as MPI's ``PROC_NULL``: the ranks at the
 # edges of a non-periodic halo exchange have one neighbour.
