@@ -139,6 +139,7 @@ class GroupCore:
     """Compiled base of shmcomm.ProcessGroup: the array collectives (see the module functions)."""
     _comm: Communicator
     _p2p: P2PEngine
+    _engine: Any
     @overload
     def all_reduce(self, array: Array, op: ReduceOpLike = ...,
                    async_op: Literal[False] = False) -> None: ...

@@ -401,70 +401,16 @@ class EngineGroup(ProcessGroup):
     """A group whose collectives run on an engine written in Python (an ``Engine`` that also has
     ``isend`` and ``irecv``), such as ``shmcomm.multinode.HierarchicalComm``.
 
-    The compiled ``GroupCore`` drives only the ``Communicator`` (its fast path is typed for it),
-    so this class is its twin for other engines: each method takes the arguments ``GroupCore``'s
-    method of the same name takes, converts them as it does, and calls ``self._engine``. Queued
-    operations still run in issue order on ``self._comm``'s progress engine. Each method's
-    docstring is the ``ProcessGroup`` method's (shmcomm.collectives gives both at import).
+    The collectives are ``GroupCore``'s own: each converts its arguments and calls
+    ``self._engine`` when that is not the group's ``Communicator``. Only point to point differs:
+    it goes through the engine, not the node's ring engine. Queued operations still run in issue
+    order on ``self._comm``'s progress engine.
 
     Example::
 
         group = EngineGroup(node_comm, range(engine.size), "job.h", engine=engine)
         group.all_reduce(x, "max")    # engine.all_reduce(x, int(ReduceOp.MAX), False)
     """
-
-    def all_reduce(self, array, op=ReduceOp.SUM, async_op=False):
-        return self._engine.all_reduce(array, op_code(op), async_op)
-
-    def broadcast(self, array, src, async_op=False):
-        return self._engine.broadcast(array, _rank_arg(src, "src"), async_op)
-
-    def reduce(self, array, dst, op=ReduceOp.SUM, async_op=False):
-        return self._engine.reduce(array, _rank_arg(dst, "dst"), op_code(op), async_op)
-
-    def all_gather(self, output_list, array, async_op=False):
-        return self._engine.all_gather(list(output_list), array, async_op)
-
-    def all_gather_into(self, output, array, async_op=False):
-        return self._engine.all_gather_into(output, array, async_op)
-
-    def gather(self, array, gather_list=None, dst=0, async_op=False):
-        outs = list(gather_list) if gather_list is not None else None
-        return self._engine.gather(array, outs, _rank_arg(dst, "dst"), async_op)
-
-    def scatter(self, array, scatter_list=None, src=0, async_op=False):
-        ins = list(scatter_list) if scatter_list is not None else None
-        return self._engine.scatter(array, ins, _rank_arg(src, "src"), async_op)
-
-    def reduce_scatter(self, output, input_list, op=ReduceOp.SUM, async_op=False):
-        return self._engine.reduce_scatter(output, list(input_list), op_code(op), async_op)
-
-    def reduce_scatter_into(self, output, input, op=ReduceOp.SUM, async_op=False):
-        return self._engine.reduce_scatter_into(output, input, op_code(op), async_op)
-
-    def all_to_all(self, output_list, input_list, async_op=False):
-        return self._engine.all_to_all(list(output_list), list(input_list), async_op)
-
-    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None,
-                          async_op=False):
-        return self._engine.all_to_all_single(
-            output, input, _core.rows_to_elements(output, output_split_sizes, "output_split_sizes"),
-            _core.rows_to_elements(input, input_split_sizes, "input_split_sizes"), async_op)
-
-    def all_gather_v(self, output, array, counts, displs=None, async_op=False):
-        return self._engine.all_gather_v(output, array, counts, displs, async_op)
-
-    def gather_v(self, array, output=None, counts=None, displs=None, dst=0, async_op=False):
-        return self._engine.gather_v(array, output, counts, displs, _rank_arg(dst, "dst"), async_op)
-
-    def scatter_v(self, output, input=None, counts=None, displs=None, src=0, async_op=False):
-        return self._engine.scatter_v(output, input, counts, displs, _rank_arg(src, "src"), async_op)
-
-    def reduce_scatter_v(self, output, input, counts, op=ReduceOp.SUM, async_op=False):
-        return self._engine.reduce_scatter_v(output, input, counts, op_code(op), async_op)
-
-    def barrier(self, async_op=False):
-        return self._engine.barrier(async_op)
 
     # point to point: the engine's own (GroupCore's goes through the node's P2PEngine)
     def isend(self, array, dst, tag=0):
