@@ -310,7 +310,7 @@ cdef class Communicator:
             raise ShmcommError(_NESTED_CLOSE)
         if claim == SHM_CLAIM_NONE:
             with nogil:
-                claim = _drive(self, NULL, -1.0)
+                claim = _drive(self, NULL, True, 0.0)
         capi.shm_engine_release(&self.engine, claim, 0)
         _prune(self)
 

@@ -68,16 +68,16 @@ cdef void _run_queued(Communicator self, op_t *o, bint background) noexcept nogi
 
 
 # ---- the engine ---------------------------------------------------------------------------
-cdef int _drive(Communicator self, op_t *target, double timeout) except -1 nogil:
-    """Run queued ops on this thread until ``target`` is done (target NULL: until this thread
-    holds the engine inline; returns the claim). Between ops it waits, spinning adaptively
-    then sleeping, with Python signals checked every slice.
-    With a ``timeout`` (s, >= 0) it only waits, leaving the ops to the progress thread (an op
-    once started cannot be left half done), and returns -2 when the time ran out."""
+cdef int _drive(Communicator self, op_t *target, bint runs, double timeout) except -1 nogil:
+    """Wait until ``target`` is done (target NULL: until this thread holds the engine inline;
+    returns the claim), with Python signals checked every slice.
+    ``runs``: this thread runs the queued ops itself, between them waiting (spinning adaptively,
+    then sleeping), for as long as it takes (``timeout`` unused). Otherwise it only waits, at
+    most ``timeout`` seconds, leaving the ops to the progress thread (an op once started cannot
+    be left half done), and returns -2 when the time ran out."""
     cdef void *head
     cdef uint32_t seen
     cdef int claim, got, rc = 0
-    cdef bint runs = timeout < 0
     cdef uint64_t deadline = 0
     if target != NULL and capi.shm_engine_held_here(&self.engine) and not capi.shm_op_done(&target.state):
         # This thread runs an op of the group (a ProcessGroup.run callable, a callback) and
@@ -149,7 +149,7 @@ cdef _Call _open(Communicator self, bint async_op):
     claim = capi.shm_engine_claim_inline(&self.engine)
     if claim == SHM_CLAIM_NONE:
         with nogil:
-            claim = _drive(self, NULL, -1.0)
+            claim = _drive(self, NULL, True, 0.0)
     call = self.inline_call
     if claim == SHM_CLAIM_NESTED:
         # A queued Python op calls a collective: a _Call of its own (the inline one may be
@@ -196,7 +196,7 @@ cdef object _go(Communicator self, _Call call, object owners, object outputs, bi
     while capi.shm_engine_push(&self.engine, o) != 0:  # the queue is full: make room
         oldest = <_Call>self.inflight[self.inflight_head]
         with nogil:
-            _drive(self, &oldest.o, -1.0)
+            _drive(self, &oldest.o, True, 0.0)
         _prune(self)
     self.inflight.append(call)
     if self.thread is None:

@@ -81,7 +81,7 @@ cdef class Work(_Call):
             return self._wait_future(limit)
         if not self.done():
             with nogil:
-                rc = _drive(self._comm, &self.o, limit)
+                rc = _drive(self._comm, &self.o, limit < 0, limit)  # no limit: run the queue here
             if rc == -2:
                 raise CommTimeoutError(f"Work not completed within {timeout} s")
             _prune(self._comm)
