@@ -27,21 +27,34 @@ cdef enum:
     K_REDUCE_SCATTER_V
     K_COUNT           # one past the last kind
 
+# ---- the descriptor a rank publishes with a step (shm_cb_t.desc, 8 words) ---------------------
+# Words 0-4 are compared across ranks (a mismatch raises on every rank); words 5-7 carry what the
+# kind needs besides, each named here with the kinds that use it (never two meanings in one call).
+cdef enum:
+    D_KIND = 0, D_DTYPE = 1, D_NBYTES = 2, D_ROOT = 3, D_OP = 4
+    D_BATCH = 5           # small reductions: how many calls this rank runs in this step
+    D_HEAP = 5            # zero copy (large reductions): the sc.empty heap holding the array
+    D_HEAP_OFF = 6        #   and the array's offset in it
+    D_FACTOR = 7          # PREMUL_SUM: this rank's factor (the bits of a double)
+    D_ALLOC_FAILED = 5    # K_ALLOC (sc.empty): rank 0 could not make the heap
+    D_ALLOC_FREE = 6      #   and how many bytes /dev/shm had free
+    D_ALLOC_NONCE = 7     #   the heap's nonce, rank 0's, which the others check
+
 
 cdef str describe_call(const uint64_t *d):
     """One rank's descriptor as text: ``all_reduce(dtype=float32, nbytes=16, op=SUM)``."""
-    if not 0 < d[0] < K_COUNT:
-        return f"kind {d[0]}(dtype={d[1]}, nbytes={d[2]}, root={d[3]}, op={d[4]})"
-    name, fields = _KIND_ROWS[d[0]].name.decode(), _KIND_ROWS[d[0]].fields.decode()
+    if not 0 < d[D_KIND] < K_COUNT:
+        return f"kind {d[D_KIND]}(dtype={d[D_DTYPE]}, nbytes={d[D_NBYTES]}, root={d[D_ROOT]}, op={d[D_OP]})"
+    name, fields = _KIND_ROWS[d[D_KIND]].name.decode(), _KIND_ROWS[d[D_KIND]].fields.decode()
     args = []
     if "d" in fields:
-        args.append(f"dtype={DTYPE_NAMES[d[1]] if d[1] < len(DTYPE_NAMES) else d[1]}")
+        args.append(f"dtype={DTYPE_NAMES[d[D_DTYPE]] if d[D_DTYPE] < len(DTYPE_NAMES) else d[D_DTYPE]}")
     if "n" in fields:
-        args.append(f"nbytes={d[2]}")
+        args.append(f"nbytes={d[D_NBYTES]}")
     if "r" in fields:
-        args.append(f"root={d[3]}")
+        args.append(f"root={d[D_ROOT]}")
     if "o" in fields:
-        args.append(f"op={OP_NAMES[d[4]] if d[4] < len(OP_NAMES) else d[4]}")
+        args.append(f"op={OP_NAMES[d[D_OP]] if d[D_OP] < len(OP_NAMES) else d[D_OP]}")
     return f"{name}({', '.join(args)})"
 
 

@@ -128,7 +128,7 @@ cdef int _agreed_calls(Communicator c, op_t **ops, int k, uint32_t s, size_t *da
     cdef uint64_t *theirs
     _check_desc(c)
     for q in range(c.size):
-        m = min(m, <int>c.cb(q).desc[s & 1][5])
+        m = min(m, <int>c.cb(q).desc[s & 1][D_BATCH])
     for j in range(1, m):
         for q in range(c.size):
             theirs = <uint64_t *>(c.slot(q, s) + data_off[j] - BATCH_HEADER)
@@ -163,8 +163,9 @@ cdef size_t _pack_headers(Communicator c, op_t **ops, int k, char *mine, size_t 
         o = ops[j]
         if j:
             d = <uint64_t *>(mine + off)
-            d[0] = o.kind; d[1] = o.dtype; d[2] = o.nbytes; d[3] = <uint64_t>o.root; d[4] = o.op
-            memcpy(&d[7], &o.factor, sizeof(double))  # PREMUL_SUM's factor, as in _set_factor
+            d[D_KIND] = o.kind; d[D_DTYPE] = o.dtype; d[D_NBYTES] = o.nbytes
+            d[D_ROOT] = <uint64_t>o.root; d[D_OP] = o.op
+            memcpy(&d[D_FACTOR], &o.factor, sizeof(double))  # PREMUL_SUM's factor, as in _set_factor
             off += BATCH_HEADER
         data_off[j] = off
         off += _align_up(o.nbytes, 64)
@@ -193,7 +194,7 @@ cdef int _reduce_batch_medium(Communicator c, op_t **ops, int k) except -1 nogil
     o = ops[0]
     _set_desc(c, o.kind, o.dtype, o.nbytes, <uint64_t>o.root, o.op)
     c._set_factor(o)
-    c.cb(c.rank).desc[s & 1][5] = k
+    c.cb(c.rank).desc[s & 1][D_BATCH] = k
     _step(c)
     m = _agreed_calls(c, ops, k, s, data_off)
     for j in range(m):
@@ -232,7 +233,7 @@ cdef int _reduce_batch(Communicator c, op_t **ops, int k) except -1 nogil:
     o = ops[0]
     _set_desc(c, o.kind, o.dtype, o.nbytes, <uint64_t>o.root, o.op)
     c._set_factor(o)
-    c.cb(c.rank).desc[s & 1][5] = k
+    c.cb(c.rank).desc[s & 1][D_BATCH] = k
     _step(c)
     m = _agreed_calls(c, ops, k, s, data_off)
     for j in range(m):
@@ -249,7 +250,7 @@ cdef void _set_heap_desc(Communicator c, uint64_t heap, uint64_t heap_off) noexc
     """Publish, with the next step's descriptor, where this rank's array lies in a shared heap:
     from that step on peers may read and write it in place, so a failure must withdraw it."""
     cdef uint64_t *d = c.cb(c.rank).desc[(c.step + 1) & 1]
-    d[5] = heap; d[6] = heap_off
+    d[D_HEAP] = heap; d[D_HEAP_OFF] = heap_off
     if heap:
         c.published = True
 
@@ -260,7 +261,7 @@ cdef bint _all_same_heap(Communicator c) noexcept nogil:
     cdef int q
     for q in range(c.size):
         theirs = c.cb(q).desc[c.step & 1]
-        if theirs[5] != mine[5] or theirs[6] != mine[6]:
+        if theirs[D_HEAP] != mine[D_HEAP] or theirs[D_HEAP_OFF] != mine[D_HEAP_OFF]:
             return False
     return True
 

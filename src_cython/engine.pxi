@@ -231,7 +231,7 @@ cdef class Communicator:
         not compared: each rank may scale its input by its own factor, as in NCCL)."""
         cdef uint64_t *d = self.cb(self.rank).desc[(self.step + 1) & 1]
         if o.op == SHM_PREMUL_SUM:
-            memcpy(&d[7], &o.factor, sizeof(double))
+            memcpy(&d[D_FACTOR], &o.factor, sizeof(double))
 
     cdef inline void _load_factors(self, op_t *o) noexcept nogil:
         """PREMUL_SUM, after the step that carried the descriptors: every rank's factor, in rank
@@ -239,7 +239,7 @@ cdef class Communicator:
         cdef int q
         if o.op == SHM_PREMUL_SUM:
             for q in range(self.size):
-                memcpy(&self.factors[q], &self.cb(q).desc[self.step & 1][7], sizeof(double))
+                memcpy(&self.factors[q], &self.cb(q).desc[self.step & 1][D_FACTOR], sizeof(double))
 
     cdef inline void _slice(self, size_t count, int q, int itemsize, size_t *lo, size_t *hi) noexcept nogil:
         """Bounds of rank q's share of `count` elements, cache-line aligned."""

@@ -32,22 +32,22 @@ cdef _alloc_shared(Communicator self, size_t nbytes_per_rank):
         _set_desc(self, K_ALLOC, 0, nbytes_per_rank, 0, 0)
         # words 5-7 are not compared by _check_desc: rank 0's failure flag, the space left
         # in /dev/shm when it failed, the heap's nonce
-        self.cb(self.rank).desc[(self.step + 1) & 1][5] = failed is not None
-        self.cb(self.rank).desc[(self.step + 1) & 1][6] = _shm_free_bytes() if failed is not None else 0
-        self.cb(self.rank).desc[(self.step + 1) & 1][7] = nonce
+        self.cb(self.rank).desc[(self.step + 1) & 1][D_ALLOC_FAILED] = failed is not None
+        self.cb(self.rank).desc[(self.step + 1) & 1][D_ALLOC_FREE] = _shm_free_bytes() if failed is not None else 0
+        self.cb(self.rank).desc[(self.step + 1) & 1][D_ALLOC_NONCE] = nonce
         try:
             with nogil:
                 _step(self)
                 _check_desc(self)
-            if self.cb(0).desc[self.step & 1][5]:  # the group stays usable: nothing was made
+            if self.cb(0).desc[self.step & 1][D_ALLOC_FAILED]:  # the group stays usable: nothing was made
                 if failed is not None:
                     raise failed
                 raise ShmcommError(
                     f"empty: rank 0 could not create the shared array's segment of {total} "
-                    f"bytes in /dev/shm ({self.cb(0).desc[self.step & 1][6]} bytes free; see "
+                    f"bytes in /dev/shm ({self.cb(0).desc[self.step & 1][D_ALLOC_FREE]} bytes free; see "
                     f"rank 0's error; enlarge /dev/shm, e.g. docker --shm-size)")
             if self.rank != 0:
-                nonce = self.cb(0).desc[self.step & 1][7]
+                nonce = self.cb(0).desc[self.step & 1][D_ALLOC_NONCE]
                 try:
                     seg = Segment.attach(name)
                 except ShmcommError as e:

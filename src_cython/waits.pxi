@@ -162,7 +162,7 @@ cdef int _step(Communicator self) except -1 nogil:
 cdef void _set_desc(Communicator self, uint64_t kind, uint64_t dtype, uint64_t nbytes, uint64_t root,
                     uint64_t op) noexcept nogil:
     cdef uint64_t *d = self.cb(self.rank).desc[(self.step + 1) & 1]
-    d[0] = kind; d[1] = dtype; d[2] = nbytes; d[3] = root; d[4] = op
+    d[D_KIND] = kind; d[D_DTYPE] = dtype; d[D_NBYTES] = nbytes; d[D_ROOT] = root; d[D_OP] = op
 
 
 
