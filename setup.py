@@ -90,7 +90,8 @@ class ParallelCachedBuildExt(build_ext):
                  repr((common_args, module_args, kernel_args, link_args, ext.define_macros))]
         key.update(repr(facts).encode())
         src = os.path.join(here, "src_cython")
-        for name in sorted(os.listdir(src)):
+        names = sorted(os.path.relpath(os.path.join(d, f), src) for d, _, files in os.walk(src) for f in files)
+        for name in names:  # every source below src_cython/, coll/ included
             if name != "_core.c" and name.endswith((".pyx", ".pxi", ".pxd", ".h", ".c")):
                 with open(os.path.join(src, name), "rb") as f:
                     key.update(name.encode() + b"\0" + f.read())

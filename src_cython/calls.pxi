@@ -21,7 +21,7 @@ cdef enum:
     K_ALL_TO_ALL_V
     K_ALLOC
     K_PYTHON          # a Python callable run in issue order (composite ops of the torch adapter)
-    K_ALL_GATHER_V    # the uneven forms (coll_uneven.pxi)
+    K_ALL_GATHER_V    # the uneven forms (coll/uneven.pxi)
     K_GATHER_V
     K_SCATTER_V
     K_REDUCE_SCATTER_V

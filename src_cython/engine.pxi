@@ -249,9 +249,17 @@ cdef class Communicator:
         hi[0] = min(lo[0] + per, count)
 
     # ---- path choice: one place --------------------------------------------------------------
+    # Every collective's choice of path reads these three; their thresholds are the group's
+    # settings (shmcomm/settings.py). Per-kind and per-rank-count thresholds belong here too.
     cdef inline bint _single_copy_size(self, size_t nbytes) noexcept nogil:
         """Pieces this large go by cross-memory attach (if every rank can) instead of the slots."""
         return self.cma_bytes > 0 and nbytes >= self.cma_bytes
+
+    cdef inline bint _address_step_size(self, size_t nbytes) noexcept nogil:
+        """Arrays this large get a step of their own that publishes where they lie (a peer's
+        sc.empty array is then read in place; with single copy on, private arrays too). The
+        single-copy size, also when single copy is off (cma_bytes 0: every size, for zero copy)."""
+        return nbytes >= self.cma_bytes
 
     cdef inline bint _one_shot_size(self, size_t nbytes) noexcept nogil:
         """Reductions this small go through the slots in one step."""

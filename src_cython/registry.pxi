@@ -3,7 +3,7 @@
 # mismatch: "d"type, "n"bytes, "r"oot, "o"p) and its runner are written. The kind codes are the
 # enum in calls.pxi (descriptor word 0); dispatch (queue.pxi's _exec), _kind_cname and
 # describe_call read these rows. Path thresholds are the Communicator's (engine.pxi, "path
-# choice: one place"). Included last: the runners are defined in the coll_*.pxi files.
+# choice: one place"). Included last: the runners are defined in the coll/*.pxi files.
 
 ctypedef int (*_runner_t)(Communicator, op_t *) except -1 nogil
 
@@ -32,7 +32,7 @@ _kind(K_REDUCE_SCATTER, "reduce_scatter", "dno", _run_reduce_scatter)
 _kind(K_ALL_TO_ALL, "all_to_all", "dn", _run_all_to_all)
 _kind(K_ALL_TO_ALL_V, "all_to_all_single", "dn", _run_all_to_all)
 _kind(K_ALL_GATHER_V, "all_gather_v", "d", _run_all_to_all)   # the uneven forms move pieces as
-_kind(K_GATHER_V, "gather_v", "dr", _run_all_to_all)          # all_to_all does (coll_uneven.pxi)
+_kind(K_GATHER_V, "gather_v", "dr", _run_all_to_all)          # all_to_all does (coll/uneven.pxi)
 _kind(K_SCATTER_V, "scatter_v", "dr", _run_all_to_all)
 _kind(K_REDUCE_SCATTER_V, "reduce_scatter_v", "do", _run_reduce_scatter_v)
 _kind(K_ALLOC, "empty", "n", NULL)        # sc.empty / sc.zeros: a step of alloc_shared (heap.pxi)

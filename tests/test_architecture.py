@@ -83,7 +83,7 @@ def source_files() -> list[Path]:
     """Hand-written sources: shmcomm/ (Python; stubs left out) and src_cython/ (Cython and C;
     the generated ``_core.c`` left out)."""
     files = [p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts]
-    files += [p for p in CYTHON.iterdir() if p.suffix in SOURCE_SUFFIXES
+    files += [p for p in CYTHON.rglob("*") if p.suffix in SOURCE_SUFFIXES
               and p.relative_to(ROOT).as_posix() not in GENERATED]
     return sorted(files)
 

@@ -21,8 +21,8 @@ def _variables_in_code() -> dict[str, str]:
     """Every SHMCOMM_* name in the package, the Cython sources and setup.py (C include guards,
     which end in _H, aside), with one file that names it."""
     found = {}
-    files = [*ROOT.joinpath("shmcomm").rglob("*.py"), *ROOT.joinpath("src_cython").glob("*.p*"),
-             *ROOT.joinpath("src_cython").glob("*.[ch]"), ROOT / "setup.py"]
+    files = [*ROOT.joinpath("shmcomm").rglob("*.py"), *ROOT.joinpath("src_cython").rglob("*.p*"),
+             *ROOT.joinpath("src_cython").rglob("*.[ch]"), ROOT / "setup.py"]
     for path in files:
         if path.name == "_core.c":  # Cython's output
             continue

@@ -1,7 +1,7 @@
 """Uneven-count collectives composed from one all-to-all with split sizes, for groups whose
 engine has no native form of them (a group across nodes: ``compose.HierarchicalComm``).
 
-One node's groups run these natively (``src_cython/coll_uneven.pxi``); this module gives the
+One node's groups run these natively (``src_cython/coll/uneven.pxi``); this module gives the
 same results from ``exchange(out, inp, out_splits, in_splits)``, an all_to_all_single on flat
 numpy arrays (counts in elements). Argument checks are the native ones (``check_counts``).
 

@@ -2,7 +2,7 @@
 # counts (MPI's Allgatherv/Gatherv/Scatterv/Reduce_scatter, and torch's list forms with tensors of
 # different sizes).
 #
-# The data movements are an all_to_all with per-pair sizes (coll_all_to_all.pxi): its first step
+# The data movements are an all_to_all with per-pair sizes (coll/all_to_all.pxi): its first step
 # publishes every rank's sizes, so a rank that does not know its peers' counts (a non-root of
 # gather_v, as in MPI) needs none, and every rank checks the whole size matrix; small ones finish
 # in that same step, large ones are pulled straight from the senders' arrays (single copy).

@@ -53,8 +53,7 @@ cdef int _run_reduce(Communicator c, op_t *o) except -1 nogil:
     c._set_factor(o)
     # Below the single-copy size the descriptor rides on the first chunk's step (no zero copy
     # there: one sync fewer matters more at these sizes); above it, a step of its own first.
-    # (With single copy off, cma_bytes is 0: large arrays still get that step, for zero copy.)
-    first = nbytes < c.cma_bytes
+    first = not c._address_step_size(nbytes)
     if not first:
         _set_heap_desc(c, o.heap, o.heap_off)
         if c._single_copy_size(nbytes):
@@ -108,7 +107,7 @@ cdef inline size_t _batch_bytes(op_t *o, int j) noexcept nogil:
 cdef inline bint _medium_size(Communicator c, size_t nbytes) noexcept nogil:
     """Reductions between the one-shot and the single-copy sizes that fit one slot: reduce-scatter
     plus all-gather in two steps, several calls at once."""
-    return nbytes < c.cma_bytes and nbytes <= c.slot_bytes and not c._one_shot_size(nbytes)
+    return not c._address_step_size(nbytes) and nbytes <= c.slot_bytes and not c._one_shot_size(nbytes)
 
 
 cdef inline int _batch_class(Communicator c, op_t *o) noexcept nogil:
