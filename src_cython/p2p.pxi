@@ -282,8 +282,8 @@ cdef class P2PEngine:
         return (<_RecvOp>op).source
 
     cdef inline bint _single_copy(self, size_t nbytes, int dst):
-        c = self.comm
-        return nbytes >= c.cma_bytes > 0 and c.cma_ok and c.cb(dst).cma_ok
+        cdef Communicator c = self.comm
+        return c._single_copy_size(nbytes) and c.cma_ok and c.cb(dst).cma_ok
 
     cdef _check_peer(self, int r, str argname):
         if not 0 <= r < self.comm.size:
