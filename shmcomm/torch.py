@@ -131,6 +131,20 @@ def _seconds(timeout) -> float | None:
     return timeout if timeout > 0 else None
 
 
+def _async(opts) -> bool:
+    """Whether torch's call was ``async_op=True`` (``opts.asyncOp``). Before torch 2.8 only some
+    options carry it (2.7: those of broadcast, scatter, all_gather and reduce_scatter); without
+    it, the operation is queued as an asynchronous one, as gloo's are, and torch itself waits on
+    the Work of a synchronous call, which runs it on the caller.
+
+    Example::
+
+        opts = _c10d.AllreduceOptions(); opts.asyncOp = False   # as dist.all_reduce(t) sets it
+        _async(opts)                                           # False (torch >= 2.8)
+    """
+    return getattr(opts, "asyncOp", True)
+
+
 # ---- tensors: the core takes contiguous native tensors by pointer; the rest through a copy -------
 def _fast(t) -> bool:
     """True for a tensor the core takes as it is, by its data pointer (the common case)."""
@@ -532,8 +546,9 @@ class ShmcommProcessGroup(_ProcessGroupBase):
         opts = opts if opts is not None else _c10d.AllreduceOptions()
         code, factor = _reduction(opts.reduceOp)
         if len(tensors) == 1 and factor == 1.0 and _fast(tensors[0]):  # the hot path
-            return self._go(self._comm.all_reduce, (tensors[0], code), tensors, opts.asyncOp)
-        return self._reduce_each(_scaled(self._comm.all_reduce, factor), tensors, (code,), opts.asyncOp)
+            return self._go(self._comm.all_reduce, (tensors[0], code), tensors,
+                            getattr(opts, "asyncOp", True))  # _async(opts), inlined
+        return self._reduce_each(_scaled(self._comm.all_reduce, factor), tensors, (code,), _async(opts))
 
     def allreduce_coalesced(self, tensors, opts=None):
         """All-reduce several tensors as one operation (``dist.all_reduce_coalesced``).
@@ -544,7 +559,7 @@ class ShmcommProcessGroup(_ProcessGroupBase):
         """
         opts = opts if opts is not None else _c10d.AllreduceCoalescedOptions()
         code, factor = _reduction(opts.reduceOp)
-        return self._reduce_each(_scaled(self._comm.all_reduce, factor), tensors, (code,), opts.asyncOp)
+        return self._reduce_each(_scaled(self._comm.all_reduce, factor), tensors, (code,), _async(opts))
 
     def reduce(self, tensors, opts=None):
         """Reduce into the tensor of rank ``opts.rootRank`` (``dist.reduce``).
@@ -556,7 +571,7 @@ class ShmcommProcessGroup(_ProcessGroupBase):
         opts = opts if opts is not None else _c10d.ReduceOptions()
         code, factor = _reduction(opts.reduceOp)
         return self._reduce_each(_scaled(self._comm.reduce, factor), tensors, (opts.rootRank, code),
-                                 opts.asyncOp)
+                                 _async(opts))
 
     def _reduce_each(self, fn, tensors, rest: tuple, async_op: bool) -> ShmcommWork:
         call = _Call()
@@ -578,7 +593,7 @@ class ShmcommProcessGroup(_ProcessGroupBase):
                        [call.input(t, True, f"input_list[{q}]") for q, t in enumerate(ins)], code)
                       for o, ins in zip(output_tensors, input_lists)]
         return self._go_all(_scaled(self._comm.reduce_scatter, factor), call, list(output_tensors),
-                            opts.asyncOp)
+                            _async(opts))
 
     def reduce_scatter_single(self, output, input, opts=None):
         """Reduce-scatter of one input holding world_size blocks (``dist.reduce_scatter_tensor``).
@@ -604,7 +619,7 @@ class ShmcommProcessGroup(_ProcessGroupBase):
         call.calls = [(call.output(o, True, "output"), call.input(i, True, "input"), code)
                       for o, i in zip(outputs, inputs)]
         return self._go_all(_scaled(self._comm.reduce_scatter_into, factor), call, list(outputs),
-                            opts.asyncOp)
+                            _async(opts))
 
     # ---- data movement -------------------------------------------------------------------------
     def broadcast(self, tensors, opts=None):
@@ -619,7 +634,7 @@ class ShmcommProcessGroup(_ProcessGroupBase):
         call = _Call()
         stage = call.input if root == self._rank else call.output
         call.calls = [(stage(t, argname=f"tensors[{i}]"), root) for i, t in enumerate(tensors)]
-        return self._go_all(self._comm.broadcast, call, list(tensors), opts.asyncOp)
+        return self._go_all(self._comm.broadcast, call, list(tensors), _async(opts))
 
     def allgather(self, output_lists, input_tensors, opts=None):
         """``output_lists[0][q]`` receives rank q's ``input_tensors[0]`` (``dist.all_gather``).
@@ -641,7 +656,7 @@ class ShmcommProcessGroup(_ProcessGroupBase):
             # all_gather in the engine
             call.calls.append((self._comm.all_gather, [call.output(o, argname="output") for o in outs],
                                call.input(inp, argname="input")))
-        return self._go_all(_call_each, call, _gathered(output_lists), opts.asyncOp)
+        return self._go_all(_call_each, call, _gathered(output_lists), _async(opts))
 
     def all_gather_single(self, output, input, opts=None):
         """Gather every rank's ``input`` into ``output``, rank-major (``dist.all_gather_into_tensor``).
@@ -665,7 +680,7 @@ class ShmcommProcessGroup(_ProcessGroupBase):
         call = _Call()
         call.calls = [(call.output(o, argname="output"), call.input(i, argname="input"))
                       for o, i in zip(outputs, inputs)]
-        return self._go_all(self._comm.all_gather_into, call, list(outputs), opts.asyncOp)
+        return self._go_all(self._comm.all_gather_into, call, list(outputs), _async(opts))
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
         """``output_lists[q][i]`` receives rank q's ``input_tensors[i]`` (``dist.all_gather_coalesced``).
@@ -683,7 +698,7 @@ class ShmcommProcessGroup(_ProcessGroupBase):
                         for q in range(self._size)],
                        call.input(inp, argname=f"input_tensor_list[{i}]"))
                       for i, inp in enumerate(input_tensors)]
-        return self._go_all(self._comm.all_gather, call, _gathered(output_lists), opts.asyncOp)
+        return self._go_all(self._comm.all_gather, call, _gathered(output_lists), _async(opts))
 
     def gather(self, output_lists, input_tensors, opts=None):
         """Rank ``opts.rootRank`` receives every rank's tensor in ``output_lists[0]`` (``dist.gather``).
@@ -704,7 +719,7 @@ class ShmcommProcessGroup(_ProcessGroupBase):
                                  f"tensors")
             outs = [call.output(o, argname=f"gather_list[{q}]") for q, o in enumerate(output_lists[0])]
         call.calls = [(call.input(input_tensors[0], argname="input"), outs, root)]
-        return self._go_all(self._comm.gather, call, _gathered(output_lists), opts.asyncOp)
+        return self._go_all(self._comm.gather, call, _gathered(output_lists), _async(opts))
 
     def scatter(self, output_tensors, input_lists, opts=None):
         """Rank q's ``output_tensors[0]`` receives ``input_lists[0][q]`` of rank ``opts.rootRank``.
@@ -724,7 +739,7 @@ class ShmcommProcessGroup(_ProcessGroupBase):
                 raise ValueError(f"scatter on the source needs one list of world_size={self._size} tensors")
             ins = [call.input(t, argname=f"scatter_list[{q}]") for q, t in enumerate(input_lists[0])]
         call.calls = [(call.output(output_tensors[0], argname="output"), ins, root)]
-        return self._go_all(self._comm.scatter, call, list(output_tensors), opts.asyncOp)
+        return self._go_all(self._comm.scatter, call, list(output_tensors), _async(opts))
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         """``output_tensors[q]`` on rank r receives ``input_tensors[r]`` of rank q (``dist.all_to_all``).
@@ -756,7 +771,7 @@ class ShmcommProcessGroup(_ProcessGroupBase):
         call.calls = [(out_buf, in_buf, [t.numel() * scale for t in outs], [t.numel() * scale for t in ins])]
         pieces = torch.split(out, [t.numel() for t in outs])
         call.backs = [(t, piece.view(t.shape)) for t, piece in zip(outs, pieces)]
-        return self._go_all(self._comm.all_to_all_single, call, list(output_tensors), opts.asyncOp)
+        return self._go_all(self._comm.all_to_all_single, call, list(output_tensors), _async(opts))
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         """All-to-all of single tensors split along dim 0 (``dist.all_to_all_single``); empty split
@@ -775,7 +790,7 @@ class ShmcommProcessGroup(_ProcessGroupBase):
         in_buf = call.input(input, argname="input")
         call.calls = [(out_buf, in_buf, self._splits(output, out_buf, output_split_sizes, "output_split_sizes"),
                        self._splits(input, in_buf, input_split_sizes, "input_split_sizes"))]
-        return self._go_all(self._comm.all_to_all_single, call, [output], opts.asyncOp)
+        return self._go_all(self._comm.all_to_all_single, call, [output], _async(opts))
 
     alltoall_base = all_to_all_single
 
@@ -801,8 +816,7 @@ class ShmcommProcessGroup(_ProcessGroupBase):
 
             dist.barrier()
         """
-        async_op = opts.asyncOp if opts is not None and hasattr(opts, "asyncOp") else False
-        return self._go(self._comm.barrier, (), [], async_op)
+        return self._go(self._comm.barrier, (), [], _async(opts) if opts is not None else False)
 
     # ---- point to point --------------------------------------------------------------------------
     def send(self, tensors, dst: int, tag: int = 0):
