@@ -105,9 +105,10 @@ cdef tuple _torch_dtype(object dt, str argname):
         probe = _torch().empty(0, dtype=dt)
         try:
             view, code = _torch_to_numpy(probe, argname)
-            info = (code if code >= 0 else dtype_code(view.dtype), probe.element_size())
+            info = (code if code >= 0 else dtype_code(view.dtype), probe.element_size(),
+                    probe.is_complex())
         except TypeError:
-            info = (-1, 0)
+            info = (-1, 0, False)
         _torch_dtype_info[dt] = info
     if info[0] < 0:
         raise TypeError(f"{argname} has unsupported dtype {dt}")
@@ -129,12 +130,41 @@ cdef object _torch_buf(object t, buf_t *out, str argname):
         raise ValueError(f"{argname} must be a CPU tensor, got a tensor on {t.device}")
     if not t.is_contiguous():
         raise ValueError(f"{argname} must be contiguous (call .contiguous() first)")
+    if t.is_neg() or (info[2] and t.is_conj()):
+        # a lazy view (z.conj(), z.conj().imag): its memory holds the values before the
+        # negation or conjugation that reading it applies
+        raise ValueError(f"{argname} is a lazily conjugated or negated view; call "
+                         f".resolve_conj().resolve_neg() first")
     out.dtype = info[0]
     out.itemsize = info[1]
     out.count = t.numel()
     out.nbytes = out.count * out.itemsize
     out.ptr = <char *><size_t>t.data_ptr()
     return t
+
+
+def tensor_is_direct(t) -> bool:
+    """True when the collectives take tensor ``t`` by its memory as it is: a plain
+    ``torch.Tensor`` (not a subclass) on the CPU, contiguous, of a dtype the core reduces, and
+    not a lazily conjugated or negated view. Any other tensor needs a copy (or is refused).
+    The torch backend asks this before every call: it is the one home of that test.
+
+    Example::
+
+        tensor_is_direct(torch.ones(4))        # True
+        tensor_is_direct(torch.ones(4, 4).T)   # False: not contiguous
+    """
+    cdef tuple info
+    if not _is_torch_tensor(t) or type(t) is not _Tensor:
+        return False
+    info = _torch_dtype_info.get(t.dtype)
+    if info is None:  # first sight of this dtype: classify it (a refused dtype is not direct)
+        try:
+            info = _torch_dtype(t.dtype, "tensor")
+        except TypeError:
+            return False
+    return (info[0] >= 0 and t.is_cpu and t.is_contiguous() and not t.is_neg()
+            and not (info[2] and t.is_conj()))
 
 
 cdef object as_buf(object obj, buf_t *out, bint writable, str argname):

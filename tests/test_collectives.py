@@ -197,6 +197,11 @@ def _inputs_of_every_kind(rank, size):
     sc.all_reduce(part)
     assert part.tolist() == [v * sum(range(1, size + 1)) for v in (3.0, 4.0, 5.0, 6.0)]
     assert whole[:3].tolist() == [v * (rank + 1) for v in (0.0, 1.0, 2.0)]  # untouched
+    # lazy views whose memory does not hold their values: refused, not reduced wrongly
+    z = torch.tensor([1 + 2j, 3 - 1j]) * (rank + 1)
+    for lazy in (z.conj(), torch._neg_view(torch.ones(3))):
+        with pytest.raises(ValueError, match="lazily conjugated or negated"):
+            sc.all_reduce(lazy)
     empty = torch.empty(0)
     sc.all_reduce(empty)
     with pytest.raises(TypeError, match="unsupported dtype"):
@@ -235,6 +240,18 @@ def _inputs_of_every_kind(rank, size):
 def test_torch_buffers_and_shared_arrays(world):
     pytest.importorskip("torch")
     assert all(run_ranks(_inputs_of_every_kind, world))
+
+
+def test_tensor_is_direct_names_the_tensors_taken_by_pointer():
+    torch = pytest.importorskip("torch")
+    z = torch.tensor([1 + 2j, 3 - 1j])
+    taken = {"float32": torch.ones(4), "bfloat16": torch.ones(4, dtype=torch.bfloat16),
+             "complex64": z, "slice": torch.arange(10.0)[3:7], "empty": torch.empty(0)}
+    copied = {"transposed": torch.ones(4, 4).t(), "conj view": z.conj(), "neg view": torch._neg_view(torch.ones(3)),
+              "complex32": torch.zeros(2, dtype=torch.complex32),
+              "parameter": torch.nn.Parameter(torch.ones(2)), "numpy": np.ones(2)}
+    assert {k for k, t in taken.items() if not sc._core.tensor_is_direct(t)} == set()
+    assert {k for k, t in copied.items() if sc._core.tensor_is_direct(t)} == set()
 
 
 def _objects(rank, size):
