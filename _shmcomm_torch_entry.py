@@ -55,8 +55,37 @@ def register() -> None:
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
 
 
+# The oldest torch the backend was tested with (bench/torch_versions.py). torch 2.6 and older
+# hang in DDP's first collective (they do not keep a Python Work alive while C++ waits on it).
+OLDEST_TORCH = (2, 7)
+
+
+def check_torch_version(version: str) -> None:
+    """Raise ``RuntimeError`` naming the problem when torch ``version`` is older than the
+    backend supports (``OLDEST_TORCH``); a newer one is let through.
+
+    Example::
+
+        check_torch_version("2.13.0+cpu")   # fine
+        check_torch_version("2.5.1")        # RuntimeError: ... needs torch >= 2.7 ...
+    """
+    parts = version.split("+")[0].split(".")
+    try:
+        found = (int(parts[0]), int(parts[1]))
+    except (IndexError, ValueError):
+        return  # a version string of an unknown form (a source build): not ours to judge
+    if found < OLDEST_TORCH:
+        oldest = ".".join(map(str, OLDEST_TORCH))
+        raise RuntimeError(f"shmcomm's torch backend needs torch >= {oldest}, found torch {version}: "
+                           f"upgrade torch (pip install 'torch>={oldest}'), or call shmcomm's own "
+                           f"collectives (shmcomm.all_reduce, ...), which take CPU tensors directly")
+
+
 def _create(*args):
     """The creator torch calls for each group of the backend: ``shmcomm.torch`` makes it."""
+    import torch
+
+    check_torch_version(torch.__version__)
     from shmcomm.torch import _create
 
     return _create(*args)

@@ -74,6 +74,7 @@ def _agreement(ours, theirs, world: int) -> str:
 
     if all(torch.equal(a, b) for a, b in zip(ours, theirs)):
         return "identical bits"
+    ours, theirs = [a.detach() for a in ours], [b.detach() for b in theirs]
     abs_diff = max(float((a.double() - b.double()).abs().max()) for a, b in zip(ours, theirs))
     rel_diff = max(float(((a.double() - b.double()).abs() / b.double().abs().clamp_min(1e-30)).max())
                    for a, b in zip(ours, theirs))

@@ -503,6 +503,16 @@ def test_broken_core_breaks_neither_import_shmcomm_nor_import_torch():
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout + out.stderr
 
 
+def test_a_torch_older_than_the_tested_range_is_refused_by_name():
+    import _shmcomm_torch_entry as entry
+
+    for old in ("2.6.0", "2.5.1+cpu", "1.13.1"):
+        with pytest.raises(RuntimeError, match=rf"needs torch >= 2\.7, found torch {re.escape(old)}"):
+            entry.check_torch_version(old)
+    for fine in ("2.7.1", "2.13.0+cpu", "2.16.0.dev20261101", "3.0", "unknown"):
+        entry.check_torch_version(fine)
+
+
 def test_entry_point_is_the_lazy_autoload():
     """pyproject names the module outside the package, and the installed metadata agrees (an
     editable install made before the entry point moved still names shmcomm._torch_entry)."""
