@@ -45,6 +45,12 @@ cdef uint64_t SLICE_NS = 50 * 1000 * 1000  # futex sleep slice: how often health
 cdef uint64_t SPIN_FLOOR_NS = 20 * 1000     # adaptive spinning never goes below this budget
 cdef uint64_t IDLE_NS = 20 * 1000 * 1000    # after this long without ops the progress thread sleeps
 cdef size_t EAGER_BYTES = 256 << 10         # async ops this large start on the progress thread at once
+# Collectives attach to peers' memory (single copy) in groups of at most this many ranks. In a
+# collective every rank attaches to every peer at once; on 16 cores, 16 ranks doing so were
+# slower than copies through the slots (all_reduce 256 KiB: 208 us against 94; 1 MiB: 559
+# against 381), and 8 ranks with single copy (1 MiB: 399 us) were no faster than 16 without.
+# Point to point has one reader per message and keeps it at any size of group.
+cdef int SINGLE_COPY_MAX_RANKS = 4
 
 ctypedef int (*_exec_unchecked_t)(Communicator, op_t *) noexcept nogil
 ctypedef int (*_exec_batch_unchecked_t)(Communicator, op_t **, int) noexcept nogil
@@ -249,10 +255,15 @@ cdef class Communicator:
         hi[0] = min(lo[0] + per, count)
 
     # ---- path choice: one place --------------------------------------------------------------
-    # Every collective's choice of path reads these three; their thresholds are the group's
-    # settings (shmcomm/settings.py). Per-kind and per-rank-count thresholds belong here too.
+    # Every collective's choice of path reads these; their thresholds are the group's settings
+    # (shmcomm/settings.py, whose defaults depend on the rank count) and the rank count here.
     cdef inline bint _single_copy_size(self, size_t nbytes) noexcept nogil:
-        """Pieces this large go by cross-memory attach (if every rank can) instead of the slots."""
+        """Collective pieces this large go by cross-memory attach (if every rank can) instead of
+        the slots; only in groups of up to SINGLE_COPY_MAX_RANKS ranks."""
+        return self._single_copy_p2p_size(nbytes) and self.size <= SINGLE_COPY_MAX_RANKS
+
+    cdef inline bint _single_copy_p2p_size(self, size_t nbytes) noexcept nogil:
+        """Point-to-point messages this large go by cross-memory attach (one reader each)."""
         return self.cma_bytes > 0 and nbytes >= self.cma_bytes
 
     cdef inline bint _address_step_size(self, size_t nbytes) noexcept nogil:
@@ -262,7 +273,8 @@ cdef class Communicator:
         return nbytes >= self.cma_bytes
 
     cdef inline bint _one_shot_size(self, size_t nbytes) noexcept nogil:
-        """Reductions this small go through the slots in one step."""
+        """Reductions this small go through the slots in one step (every rank reads every
+        rank's message: small_bytes's default shrinks as the group grows, settings.py)."""
         return (nbytes <= self.small_bytes or nbytes <= <size_t>(64 * self.size)) \
             and nbytes + 64 <= self.slot_bytes
 

@@ -283,7 +283,7 @@ cdef class P2PEngine:
 
     cdef inline bint _single_copy(self, size_t nbytes, int dst):
         cdef Communicator c = self.comm
-        return c._single_copy_size(nbytes) and c.cma_ok and c.cb(dst).cma_ok
+        return c._single_copy_p2p_size(nbytes) and c.cma_ok and c.cb(dst).cma_ok
 
     cdef _check_peer(self, int r, str argname):
         if not 0 <= r < self.comm.size:

@@ -73,6 +73,22 @@ def test_group_settings_come_from_the_table(monkeypatch):
         _core.group_settings(2)
 
 
+def test_one_shot_size_is_a_budget_of_bytes_read_per_rank(monkeypatch):
+    """Every rank of a one-shot reads every rank's message: the default limit shrinks with the
+    group while the ranks fit the cores, so no rank reads more than ~32 KiB per call."""
+    small = find("SHMCOMM_SMALL_BYTES").compute
+    for size in (2, 3, 4, 8, 16, 32, 64, 128):
+        limit = small({"size": size, "fits": True, "llc": 1 << 25})
+        assert limit * size <= 32768 or limit == 1024, size
+        assert limit % 64 == 0 and limit >= 1024
+    assert small({"size": 2, "fits": True, "llc": 1 << 25}) == 16384  # the 2-core tuning, kept
+    assert small({"size": 16, "fits": False, "llc": 1 << 25}) == 16384  # oversubscribed: one step
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    assert _core.group_settings(16)["small_bytes"] == 2048
+    monkeypatch.setenv("SHMCOMM_SMALL_BYTES", "65536")  # a user's choice wins at any size
+    assert _core.group_settings(16)["small_bytes"] == 65536
+
+
 @pytest.mark.timeout(60)
 def test_info_marks_what_is_set_and_never_prints_a_secret():
     rows = {row["var"]: row for row in _info_json(SHMCOMM_SECRET="hunter2", SHMCOMM_YIELDS="7")["settings"]}
