@@ -54,10 +54,12 @@ static inline void shm_ring_peek(shm_ring_t *r, size_t cap, uint64_t pos, char *
  * waking senders asleep for room; returns the new tail. */
 static inline uint64_t shm_ring_read(shm_ring_t *r, size_t cap, uint64_t tail, char *dst, size_t n) {
     if (dst) shm_ring_peek(r, cap, tail, dst, n);
-    shm_store_release64(&r->tail, tail + n);
-    /* A full fence before reading room_wanted (as in shm_wait_geq): a sender going to sleep
-     * either sees the new tail or is counted here. */
-    if (__atomic_fetch_add(&r->room_wanted, 0, __ATOMIC_SEQ_CST))
+    /* A seq_cst store, then a seq_cst load of room_wanted (shm_publish's pattern, against
+     * shm_wait_geq's count-then-check): a sender going to sleep either sees the new tail or is
+     * counted here. A load, not a read-modify-write: room_wanted shares its cache line with
+     * the sender's head, which a write would pull away from the sender on every read. */
+    __atomic_store_n(&r->tail, tail + n, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&r->room_wanted, __ATOMIC_SEQ_CST))
         shm_futex_wake_all((uint32_t *)&r->tail); /* the low half, on little-endian targets */
     return tail + n;
 }

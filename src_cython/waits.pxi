@@ -97,8 +97,10 @@ cdef bint _peer_shares_core(Communicator self, int peer) noexcept nogil:
 
 
 cdef int _wait(Communicator self, uint32_t *word, uint32_t target, uint32_t *waiters, int peer) except -1 nogil:
-    # On the progress thread with nobody waiting, the caller is computing: sleep soon and
-    # leave it the core.
+    # `peer`: the rank whose `word` this waits on (its core is the one checked); the health
+    # check still covers every peer behind `target`: the one waited for may be waiting on a
+    # dead one. On the progress thread with nobody waiting, the caller is computing: sleep
+    # soon and leave it the core.
     cdef uint64_t spin = self.spin_ns
     if self.background and capi.shm_load_acquire(&self.engine.drivers) == 0:
         spin = 0
@@ -120,7 +122,7 @@ cdef int _wait(Communicator self, uint32_t *word, uint32_t target, uint32_t *wai
     if got:
         return 0
     while True:
-        _check_health(self, peer, target)
+        _check_health(self, -1, target)
         if capi.shm_wait_geq(word, target, waiters, 0, 0, SLICE_NS):
             return 0
 
@@ -154,7 +156,7 @@ cdef int _step(Communicator self) except -1 nogil:
         q = (self.rank + i) % self.size
         c = self.cb(q)
         if not capi.shm_seq_geq(capi.shm_load_acquire(&c.seq), s):
-            _wait(self, &c.seq, s, &c.seq_waiters, -1)
+            _wait(self, &c.seq, s, &c.seq_waiters, q)
     return 0
 
 

@@ -34,10 +34,12 @@ os.environ.setdefault("WORLD_SIZE", "2")
 os.environ.setdefault("TEMP_DIR", "/tmp")   # replaced per test by the suite's setUp
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import torch  # noqa: E402
 import shmcomm.torch  # noqa: E402,F401 - registers the backend in processes started by spawn
 from torch.testing._internal.common_distributed import DistTestCases  # noqa: E402
 
 BACKEND = os.environ["BACKEND"]
+START_METHOD = os.environ.get("SHMCOMM_CONFORMANCE_START", "spawn")
 for feature in ("plugin", "ddp", "subgroup"):
     DistTestCases.backend_feature[feature].add(BACKEND)
 
@@ -57,7 +59,10 @@ class TestShmcommBackend(TestDistBackend, DistributedTest._DistTestBase):
 
     def setUp(self):
         super().setUp()
-        self._spawn_processes()
+        if START_METHOD == "fork":
+            self._start_processes(torch.multiprocessing.get_context("fork").Process)
+        else:
+            self._spawn_processes()
 
 
 # Tests the suite gates on backend *names* although their bodies are plain CPU code paths that any
