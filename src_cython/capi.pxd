@@ -15,6 +15,7 @@ cdef extern from "shm_sync.h" nogil:
     int shm_seq_geq(uint32_t a, uint32_t b)
     uint64_t shm_now_ns()
     void shm_futex_wake_all(uint32_t *addr)
+    int shm_move_off_cpu(int cpu)
     void shm_publish(uint32_t *word, uint32_t value, uint32_t *waiters)
     void shm_ring_bell(uint32_t *bell, uint32_t *waiters)
     int shm_wait_geq(uint32_t *word, uint32_t target, uint32_t *waiters,

@@ -43,6 +43,8 @@ from cpython.exc cimport PyErr_CheckSignals
 
 cdef uint64_t SLICE_NS = 50 * 1000 * 1000  # futex sleep slice: how often health is checked
 cdef uint64_t SPIN_FLOOR_NS = 20 * 1000     # adaptive spinning never goes below this budget
+cdef int SHARED_WAITS_TO_MOVE = 32         # waits in a row on the peer's core before moving off it
+cdef uint64_t MOVE_GAP_NS = 10 * 1000 * 1000  # and at most one such move per this long
 cdef uint64_t IDLE_NS = 20 * 1000 * 1000    # after this long without ops the progress thread sleeps
 cdef size_t EAGER_BYTES = 256 << 10         # async ops this large start on the progress thread at once
 # Collectives attach to peers' memory (single copy) in groups of at most this many ranks. In a
@@ -116,6 +118,8 @@ cdef class Communicator:
     cdef uint64_t spin_max_ns
     cdef int yields
     cdef uint32_t cpu_here       # 1 + the CPU of this rank's last wait, as published in its block
+    cdef int shared_waits        # waits in a row that found the peer on this rank's core
+    cdef uint64_t moved_ns       # when this rank last moved off a core it shared (waits.pxi)
     cdef uint64_t deadline_ns
     cdef readonly double timeout
     cdef int *pidfds

@@ -114,6 +114,22 @@ static inline int shm_spin_change64(const uint64_t *word, uint64_t seen, uint64_
     return 0;
 }
 
+/* Leave CPU `cpu` for another one this thread may use: the scheduler can keep two ranks on one
+ * core for good (their futex wake-ups pull the woken one over, and with busy processes on the
+ * other cores the counts already look balanced), so that every step costs a context switch.
+ * Narrowing this thread's affinity to the rest of its mask moves it at once; the mask is then
+ * restored as it was, so the user's pinning is unchanged. Returns 1 if it moved. */
+static inline int shm_move_off_cpu(int cpu) {
+    cpu_set_t mask, others;
+    if (cpu < 0 || cpu >= CPU_SETSIZE || sched_getaffinity(0, sizeof mask, &mask) != 0) return 0;
+    if (!CPU_ISSET(cpu, &mask) || CPU_COUNT(&mask) < 2) return 0;
+    others = mask;
+    CPU_CLR(cpu, &others);
+    if (sched_setaffinity(0, sizeof others, &others) != 0) return 0;
+    sched_setaffinity(0, sizeof mask, &mask);
+    return 1;
+}
+
 /* Peer liveness: a pidfd becomes readable when its process exits (zombies included, and immune to
  * pid reuse); without pidfds the caller falls back to kill(pid, 0). */
 static inline int shm_pidfd_open(int pid) {

@@ -96,6 +96,28 @@ cdef bint _peer_shares_core(Communicator self, int peer) noexcept nogil:
 
 
 
+cdef void _part_from(Communicator self, int peer) noexcept nogil:
+    """After a wait found `peer` on this rank's core. Many such waits in a row are the
+    scheduler's doing, not a moment's: it can keep two ranks on one core for good while busy
+    processes hold the others, and each step then costs a context switch (bench_latency_floor:
+    window medians of 5-27 us, against 0.4 us on two cores). The higher rank of the two moves
+    to another core it may use (shm_move_off_cpu), at most once per MOVE_GAP_NS."""
+    cdef uint64_t now
+    cdef int cpu
+    self.shared_waits += 1
+    if self.shared_waits < SHARED_WAITS_TO_MOVE or peer < 0 or self.rank < peer:
+        return
+    now = capi.shm_now_ns()
+    if now - self.moved_ns < MOVE_GAP_NS:
+        return
+    self.moved_ns, self.shared_waits = now, 0
+    if capi.shm_move_off_cpu(<int>self.cpu_here - 1):
+        cpu = capi.sched_getcpu()
+        self.cpu_here = <uint32_t>(cpu + 1) if cpu >= 0 else 0
+        capi.shm_store_release(&self.cb(self.rank).cpu, self.cpu_here)
+
+
+
 cdef int _wait(Communicator self, uint32_t *word, uint32_t target, uint32_t *waiters, int peer) except -1 nogil:
     # `peer`: the rank whose `word` this waits on (its core is the one checked); the health
     # check still covers every peer behind `target`: the one waited for may be waiting on a
@@ -104,8 +126,12 @@ cdef int _wait(Communicator self, uint32_t *word, uint32_t target, uint32_t *wai
     cdef uint64_t spin = self.spin_ns
     if self.background and capi.shm_load_acquire(&self.engine.drivers) == 0:
         spin = 0
-    elif spin and _peer_shares_core(self, peer):
-        spin = 0  # it can only run once this thread stops: no spinning, straight to yielding
+    elif spin:
+        if _peer_shares_core(self, peer):
+            spin = 0  # it can only run once this thread stops: no spinning, straight to yielding
+            _part_from(self, peer)
+        else:
+            self.shared_waits = 0
     cdef int got = capi.shm_wait_geq(word, target, waiters, spin, self.yields, SLICE_NS)
     if spin:
         # Adaptive spinning: a wait that ended while spinning says peers answer within the
