@@ -276,6 +276,13 @@ cdef class Communicator:
         single-copy size, also when single copy is off (cma_bytes 0: every size, for zero copy)."""
         return nbytes >= self.cma_bytes
 
+    cdef inline bint _address_step_pieces(self, size_t piece) noexcept nogil:
+        """``_address_step_size`` for collectives of one piece per rank (gathers,
+        reduce_scatter): by the bytes of all pieces, which each rank writes or reads. By the
+        piece alone, FSDP2's 128 KiB shards of a 1 MiB layer took no zero copy at 8 ranks
+        (they did at 4, as 256 KiB shards)."""
+        return self._address_step_size(piece * <size_t>self.size)
+
     cdef inline bint _one_shot_size(self, size_t nbytes) noexcept nogil:
         """Reductions this small go through the slots in one step (every rank reads every
         rank's message: small_bytes's default shrinks as the group grows, settings.py)."""

@@ -367,7 +367,8 @@ def _zero_copy_gather_scatter(rank, size, dtype, count):
     from sc.empty (FSDP2's buffers): in place and not, and falling back when one rank's buffer is
     private."""
     comm = default_group()._comm
-    large = count * dtype.itemsize >= comm.cma_bytes  # the size that takes the zero-copy path
+    # the size that takes the zero-copy path: all pieces together (each rank writes or reads them)
+    large = count * dtype.itemsize * size >= comm.cma_bytes
     pieces = [make_input(dtype, count, r, salt=2) for r in range(size)]
     gathered = np.concatenate(pieces)
     for in_place in (True, False):
@@ -413,6 +414,19 @@ def _zero_copy_gather_scatter(rank, size, dtype, count):
                          ids=["2", "3", "4-small-pieces"])
 def test_zero_copy_shared_arrays(world, env):
     assert all(run_ranks(_zero_copy, world, env=env))
+
+
+def _fsdp_shards(rank, size):
+    """FSDP2's all-gather and reduce-scatter of a 1.25 MiB layer at 8 ranks: 160 KiB shards,
+    below the single-copy size each, in sc.empty buffers: zero copy all the same."""
+    _zero_copy_gather_scatter(rank, size, np.dtype(np.float32), 40_000)
+    assert 40_000 * 4 < default_group()._comm.cma_bytes <= 40_000 * 4 * size
+    return True
+
+
+@pytest.mark.timeout(120)
+def test_zero_copy_takes_small_shards_of_a_large_layer_at_8_ranks():
+    assert all(run_ranks(_fsdp_shards, 8))
 
 
 def _all_to_all_large(rank, size):

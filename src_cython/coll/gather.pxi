@@ -82,7 +82,7 @@ cdef int _run_gather(Communicator c, op_t *o) except -1 nogil:
                 _cma(c, root, inp, c._peer_entry(root, c.rank), nbytes, True)
             _step(c)
             return 0
-    elif c._address_step_size(nbytes):
+    elif c._address_step_pieces(nbytes):
         first = False
         _set_heap_desc(c, o.heap, o.heap_off)
         if c._single_copy_size(nbytes):

@@ -48,7 +48,7 @@ cdef int _run_reduce_scatter(Communicator c, op_t *o) except -1 nogil:
     cdef bint first = True
     _set_desc(c, K_REDUCE_SCATTER, o.dtype, count * itemsize, 0, o.op)
     c._set_factor(o)
-    if c._address_step_size(o.nbytes):
+    if c._address_step_pieces(o.nbytes):
         _set_heap_desc(c, o.heap, o.heap_off)
         _step(c)
         _check_desc(c)
