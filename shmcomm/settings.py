@@ -81,7 +81,7 @@ SETTINGS: tuple[Setting, ...] = (
     # ranks than cores every further step waits for a peer to be scheduled: stay at 16 KiB.
     Setting("SHMCOMM_SMALL_BYTES", "group", "32 KiB / ranks (16 KiB at 2, 2 KiB at 16); 16 KiB "
             "if the ranks outnumber the cores", "messages up to this size go one-shot through "
-            "the slots", 0, "small_bytes", lambda g: _one_shot_bytes(g["size"], g["fits"])),
+            "the slots", 0, "small_bytes", lambda g: _one_shot_bytes(g["size"], bool(g["fits"]))),
     # Streaming stores from half the last-level cache: smaller outputs stay cached where the
     # caller reads them next (on a 32 MiB-L3 VM, all_gather: 8 MiB streamed 0.6-2.3 ms vs
     # 0.7-0.8 ms, 32 MiB 3.8-4.3 ms vs 4.7-5.2 ms). Reductions, whose outputs are their cached

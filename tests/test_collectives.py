@@ -242,6 +242,7 @@ def test_torch_buffers_and_shared_arrays(world):
     assert all(run_ranks(_inputs_of_every_kind, world))
 
 
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
 def test_tensor_is_direct_names_the_tensors_taken_by_pointer():
     torch = pytest.importorskip("torch")
     z = torch.tensor([1 + 2j, 3 - 1j])
