@@ -558,7 +558,7 @@ class ShmcommProcessGroup(_ProcessGroupBase):
             code = _HASHED_CODES.get(hash(op))
             if code is not None and code != _PREMUL_SUM and _fast(tensors[0]):
                 return _new_work(self._pg.run(self._comm.all_reduce, (tensors[0], code), tensors,
-                                              getattr(opts, "asyncOp", True)), tensors)
+                                              getattr(opts, "asyncOp", True)), tensors)  # _async
         code, factor = _reduction(op)
         return self._reduce_each(_scaled(self._comm.all_reduce, factor), tensors, (code,), _async(opts))
 

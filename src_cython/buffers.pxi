@@ -115,6 +115,20 @@ cdef tuple _torch_dtype(object dt, str argname):
     return info
 
 
+cdef int _not_as_it_is(object t, tuple info) except -1:
+    """0 when the memory of tensor ``t`` (of a dtype the core knows: ``info``) holds its values
+    as the collectives read them; else why not: 1 not on the CPU, 2 not contiguous, 3 a lazy
+    view (z.conj(), z.conj().imag), whose memory holds the values before the conjugation or
+    negation that reading it applies. The one home of these checks."""
+    if not t.is_cpu:
+        return 1
+    if not t.is_contiguous():
+        return 2
+    if t.is_neg() or (info[2] and t.is_conj()):
+        return 3
+    return 0
+
+
 cdef object _torch_buf(object t, buf_t *out, str argname):
     """Fill ``out`` straight from a CPU tensor's storage; the tensor is the owner."""
     cdef tuple info
@@ -126,13 +140,12 @@ cdef object _torch_buf(object t, buf_t *out, str argname):
                         f"collective's result: wait for it, e.g. torch.distributed._functional_"
                         f"collectives.wait_tensor)")
     info = _torch_dtype(t.dtype, argname)
-    if not t.is_cpu:
+    why = _not_as_it_is(t, info)
+    if why == 1:
         raise ValueError(f"{argname} must be a CPU tensor, got a tensor on {t.device}")
-    if not t.is_contiguous():
+    if why == 2:
         raise ValueError(f"{argname} must be contiguous (call .contiguous() first)")
-    if t.is_neg() or (info[2] and t.is_conj()):
-        # a lazy view (z.conj(), z.conj().imag): its memory holds the values before the
-        # negation or conjugation that reading it applies
+    if why == 3:
         raise ValueError(f"{argname} is a lazily conjugated or negated view; call "
                          f".resolve_conj().resolve_neg() first")
     out.dtype = info[0]
@@ -147,7 +160,7 @@ def tensor_is_direct(t) -> bool:
     """True when the collectives take tensor ``t`` by its memory as it is: a plain
     ``torch.Tensor`` (not a subclass) on the CPU, contiguous, of a dtype the core reduces, and
     not a lazily conjugated or negated view. Any other tensor needs a copy (or is refused).
-    The torch backend asks this before every call: it is the one home of that test.
+    The torch backend asks this before every call (the checks are ``_torch_buf``'s).
 
     Example::
 
@@ -163,8 +176,7 @@ def tensor_is_direct(t) -> bool:
             info = _torch_dtype(t.dtype, "tensor")
         except TypeError:
             return False
-    return (info[0] >= 0 and t.is_cpu and t.is_contiguous() and not t.is_neg()
-            and not (info[2] and t.is_conj()))
+    return info[0] >= 0 and _not_as_it_is(t, info) == 0
 
 
 cdef object as_buf(object obj, buf_t *out, bint writable, str argname):

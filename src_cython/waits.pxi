@@ -75,24 +75,23 @@ cdef int _check_health(Communicator self, int peer, uint32_t target) except -1 n
 
 
 
-cdef bint _peer_shares_core(Communicator self, int peer) noexcept nogil:
-    """Whether `peer` (every peer when -1) last waited on the CPU this thread runs on: the
-    scheduler may keep two ranks on one core while busy processes hold the others, and then
-    a spinning waiter only delays the peer it waits for."""
+cdef uint32_t _note_cpu(Communicator self) noexcept nogil:
+    """1 + the CPU this thread runs on (0: unknown), published in this rank's block when it
+    changed, for peers' `_peer_shares_core`."""
     cdef int cpu = capi.sched_getcpu()
     cdef uint32_t here = <uint32_t>(cpu + 1) if cpu >= 0 else 0
-    cdef int r
     if here != self.cpu_here:
         self.cpu_here = here
         capi.shm_store_release(&self.cb(self.rank).cpu, here)
-    if here == 0:
-        return False
-    if peer >= 0:
-        return capi.shm_load_acquire(&self.cb(peer).cpu) == here
-    for r in range(self.size):
-        if r != self.rank and capi.shm_load_acquire(&self.cb(r).cpu) == here:
-            return True
-    return False
+    return here
+
+
+cdef bint _peer_shares_core(Communicator self, int peer) noexcept nogil:
+    """Whether `peer` last waited on the CPU this thread runs on: the scheduler may keep two
+    ranks on one core while busy processes hold the others, and then a spinning waiter only
+    delays the peer it waits for."""
+    cdef uint32_t here = _note_cpu(self)
+    return here != 0 and capi.shm_load_acquire(&self.cb(peer).cpu) == here
 
 
 
@@ -103,18 +102,15 @@ cdef void _part_from(Communicator self, int peer) noexcept nogil:
     window medians of 5-27 us, against 0.4 us on two cores). The higher rank of the two moves
     to another core it may use (shm_move_off_cpu), at most once per MOVE_GAP_NS."""
     cdef uint64_t now
-    cdef int cpu
     self.shared_waits += 1
-    if self.shared_waits < SHARED_WAITS_TO_MOVE or peer < 0 or self.rank < peer:
+    if self.shared_waits < SHARED_WAITS_TO_MOVE or self.rank < peer:
         return
     now = capi.shm_now_ns()
     if now - self.moved_ns < MOVE_GAP_NS:
         return
     self.moved_ns, self.shared_waits = now, 0
     if capi.shm_move_off_cpu(<int>self.cpu_here - 1):
-        cpu = capi.sched_getcpu()
-        self.cpu_here = <uint32_t>(cpu + 1) if cpu >= 0 else 0
-        capi.shm_store_release(&self.cb(self.rank).cpu, self.cpu_here)
+        _note_cpu(self)
 
 
 

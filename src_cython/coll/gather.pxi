@@ -9,8 +9,9 @@
 #   zero copy, all_gather (every rank's output is an sc.empty array at the same place of one heap,
 #       as FSDP2's buffers from the process group are): 1. a step with the descriptor; 2. every
 #       rank writes its input into its piece of every output; 3. step.
-# Pieces from the single-copy size up take the descriptor step of their own (it carries the
-# address table, too), so every rank picks the same path from what all of them published.
+# Calls whose pieces together reach the single-copy size (_address_step_pieces) take the
+# descriptor step of their own (with single copy, it carries the address table too), so every
+# rank picks the same path from what all of them published.
 
 
 cdef int _split_whole(Communicator c, buf_t *whole, buf_t *piece, str argname, char **table) except -1:

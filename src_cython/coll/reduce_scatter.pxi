@@ -6,8 +6,8 @@
 #   zero copy (every rank's whole input is an sc.empty array at the same place of one heap, as
 #       FSDP2's buffers from the process group are): 1. a step with the descriptor; 2. rank r
 #       reduces piece r straight from every input into its output; 3. step.
-# Pieces from the single-copy size up take the descriptor step of their own, so every rank picks
-# the same path from what all of them published.
+# Calls whose pieces together reach the single-copy size (_address_step_pieces) take the
+# descriptor step of their own, so every rank picks the same path from what all of them published.
 
 
 cdef object _prep_reduce_scatter(Communicator c, op_t *o, object output, list input_list, int op,
