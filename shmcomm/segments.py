@@ -28,6 +28,7 @@ CONTROL_BLOCK_BYTES = 512
 # Offsets inside the header and a control block; src_cython/shm_layout.h is the authority.
 _HEADER = struct.Struct("<QII")  # magic, version, world_size
 _PID_OFFSET = 8  # int32 pid inside each control block
+_CREATOR_PID_OFFSET = 40  # int32 pid of rank 0 inside the header
 _JOB_OFFSET, _JOB_BYTES = 64, 128
 
 _SAFE = re.compile(r"[^A-Za-z0-9_-]")
@@ -139,6 +140,8 @@ def describe(path: str) -> SegmentInfo:
                 for r in range(world)
                 if len(blocks) >= (r + 1) * CONTROL_BLOCK_BYTES
             ]
+            if info.pids and info.pids[0] <= 0:  # named, but rank 0 not registered yet: its creator
+                info.pids[0] = struct.unpack_from("<i", head, _CREATOR_PID_OFFSET)[0]
             return info
     except trust.UntrustedFileError as e:  # replaced between lstat and open
         return SegmentInfo(name, path, 0, untrusted=str(e))

@@ -6,6 +6,7 @@ mpi4py does). The pure-Python package ``shmcomm`` is the public face; nothing he
 imported directly except through it.
 """
 import enum
+import errno as errno_mod
 import os
 import socket
 import sys

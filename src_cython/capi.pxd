@@ -168,7 +168,12 @@ cdef extern from "<sys/mman.h>" nogil:
 
 cdef extern from "<fcntl.h>" nogil:
     int O_RDWR, O_CREAT, O_EXCL
+    int AT_FDCWD, AT_SYMLINK_FOLLOW
     int posix_fallocate(int fd, long offset, long length)
+
+
+cdef extern from "<unistd.h>" nogil:
+    int linkat(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, int flags)
 
 
 cdef extern from "<sys/stat.h>" nogil:

@@ -29,6 +29,12 @@ cdef _alloc_shared(Communicator self, size_t nbytes_per_rank):
                 hh.nonce = nonce
                 memcpy(hh.tag, <char *>tag, 32)
                 hh.magic = SHM_HEAP_MAGIC
+                try:
+                    seg.publish()  # named only now, with its header: never half-made
+                except (ShmcommError, OSError) as e:
+                    seg.unlink()
+                    seg = None
+                    failed = e
         _set_desc(self, K_ALLOC, 0, nbytes_per_rank, 0, 0)
         # words 5-7 are not compared by _check_desc: rank 0's failure flag, the space left
         # in /dev/shm when it failed, the heap's nonce

@@ -5,7 +5,7 @@
 
 # ---- rendezvous ---------------------------------------------------------------------------
 cdef _rendezvous(Communicator self, size_t slot_bytes, size_t ring_bytes, size_t cma_bytes):
-    from shmcomm.segments import describe, segment_name
+    from shmcomm.segments import segment_name
     name = segment_name(self.job, self.part)
     deadline = time.monotonic() + self.timeout
     host, boot = socket.gethostname(), _boot_id()
@@ -16,14 +16,8 @@ cdef _rendezvous(Communicator self, size_t slot_bytes, size_t ring_bytes, size_t
             try:
                 self.seg = Segment.create(name, total)
                 break
-            except FileExistsError:
-                info = describe("/dev/shm" + name)
-                if info.valid and not info.stale:
-                    raise ShmcommError(
-                        f"job name {self.job!r} is in use by live processes {info.pids}; "
-                        f"give this job another name (SHMCOMM_JOB or name=)") from None
-                Segment.attach(name) and None
-                os.unlink("/dev/shm" + name) if os.path.exists("/dev/shm" + name) else None
+            except FileExistsError:  # only where segments are named at once (no O_TMPFILE)
+                _remove_stale(self, name)
         self.base = self.seg.base
         self.hdr = <capi.shm_header_t *>self.base
         self.hdr.version = SHM_VERSION
@@ -44,6 +38,12 @@ cdef _rendezvous(Communicator self, size_t slot_bytes, size_t ring_bytes, size_t
         memcpy(self.hdr.tag, <char *>tag, 32)
         self.hdr.self_made = self.creds.self_made
         capi.shm_store_release64(&self.hdr.magic, SHM_MAGIC)
+        while True:  # the header is complete: now ranks may find it by name
+            try:
+                self.seg.publish()
+                break
+            except FileExistsError:
+                _remove_stale(self, name)
     else:
         _attach(self, name, deadline, host, boot)
     _register(self)
@@ -139,6 +139,23 @@ cdef _attach(Communicator self, str name, double deadline, str host, str boot):
         time.sleep(delay)  # releases the GIL: other threads (a progress thread) run meanwhile
         delay = min(delay * 2, 0.01)
         PyErr_CheckSignals()
+
+
+
+cdef _remove_stale(Communicator self, str name):
+    """Rank 0 found ``name`` taken: remove it if it is a dead job's segment (or one whose creator
+    died before writing its header), else refuse to share a live job's name."""
+    from shmcomm.segments import describe
+    info = describe("/dev/shm" + name)
+    if info.valid and not info.stale:
+        raise ShmcommError(
+            f"job name {self.job!r} is in use by live processes {info.pids}; "
+            f"give this job another name (SHMCOMM_JOB or name=)") from None
+    Segment.attach(name) and None  # raises UntrustedFileError for a file that is not ours
+    try:
+        os.unlink("/dev/shm" + name)
+    except FileNotFoundError:
+        pass
 
 
 

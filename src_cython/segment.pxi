@@ -1,8 +1,11 @@
 # Segment: one POSIX shared-memory object mapped into this process.
 #
-# Created with O_EXCL and mode 0600, space reserved up front with posix_fallocate (a full /dev/shm
-# is a clear error at start-up, not a SIGBUS mid-run), unlinked as soon as every rank has attached:
-# the mapping outlives the name, so a crash later cannot leak it. Attached only after
+# Created without a name (O_TMPFILE), mode 0600, space reserved up front with posix_fallocate (a
+# full /dev/shm is a clear error at start-up, not a SIGBUS mid-run). The creator writes its header
+# and only then gives the file its name (`publish`, an exclusive link): a named segment always says
+# who made it, so a creator killed at any moment leaves either nothing or a segment that the next
+# rank can tell is dead and remove. The name goes as soon as every rank has attached: the mapping
+# outlives it, so a crash later cannot leak it. Attached only after
 # shmcomm.trust.check_file: a file another user planted under the name (or a symlink, a hard link,
 # a wrong mode) is refused at once. Whether it is this *job's* segment is the caller's check (the
 # header's tag). Exposes the buffer protocol so numpy arrays can view it (sc.empty) while keeping
@@ -27,6 +30,7 @@ cdef class Segment:
     cdef bint unlinked
     cdef int owner_pid
     cdef readonly size_t data_offset  # the buffer protocol exposes [data_offset, size)
+    cdef int unnamed_fd  # the O_TMPFILE file until publish names it, else -1
     cdef object __weakref__
 
     def __cinit__(self):
@@ -35,21 +39,35 @@ cdef class Segment:
         self.unlinked = True
         self.owner_pid = os.getpid()
         self.data_offset = 0
+        self.unnamed_fd = -1
 
     @staticmethod
     cdef Segment create(str name, size_t size):
-        """Create ``name`` exclusively and map it; raises FileExistsError if it exists."""
+        """Make a mapped segment of ``size`` bytes that is to be called ``name``, with no name yet
+        where the system allows (``publish`` gives it the name once its header is written); where
+        it does not (no O_TMPFILE), create ``name`` exclusively at once. Raises FileExistsError if
+        ``name`` exists (then, or at ``publish``)."""
+        cdef int fd = -1
+        try:
+            fd = os.open("/dev/shm", os.O_TMPFILE | os.O_RDWR, 0o600)
+        except OSError as e:
+            if e.errno not in (errno_mod.EOPNOTSUPP, errno_mod.EISDIR, errno_mod.EINVAL):
+                raise ShmcommError(f"cannot create shared segment {name}: {e.strerror}") from None
         cdef bytes bname = name.encode()
-        cdef int fd = capi.shm_open(bname, capi.O_RDWR | capi.O_CREAT | capi.O_EXCL, 0o600)
-        if fd < 0:
-            err = errno
-            if err == EEXIST:
-                _refuse_if_foreign(name)
-                raise FileExistsError(err, _os_error_text(err), name)
-            raise ShmcommError(f"cannot create shared segment {name}: {_os_error_text(err)}")
+        if fd < 0:  # no unnamed files here: name it now (a kill before its header stays possible)
+            fd = capi.shm_open(bname, capi.O_RDWR | capi.O_CREAT | capi.O_EXCL, 0o600)
+            if fd < 0:
+                err = errno
+                if err == EEXIST:
+                    _refuse_if_foreign(name)
+                    raise FileExistsError(err, _os_error_text(err), name)
+                raise ShmcommError(f"cannot create shared segment {name}: {_os_error_text(err)}")
         cdef Segment seg = Segment.__new__(Segment)
         seg.name = name
-        seg.unlinked = False
+        if os.fstat(fd).st_nlink == 0:  # unnamed: publish links it, nothing to unlink until then
+            seg.unnamed_fd = os.dup(fd)
+        else:
+            seg.unlinked = False
         os.fchmod(fd, 0o600)  # exactly 0600 whatever the umask: attach checks the mode
         rc = ftruncate(fd, size)
         if rc == 0:
@@ -58,8 +76,7 @@ cdef class Segment:
             rc = errno
         if rc != 0:
             close(fd)
-            capi.shm_unlink(bname)
-            seg.unlinked = True
+            seg.unlink()
             free = _shm_free_bytes()
             raise ShmcommError(
                 f"cannot reserve {size} bytes in /dev/shm for {name}: {_os_error_text(rc)} "
@@ -67,6 +84,27 @@ cdef class Segment:
                 f"SHMCOMM_SLOT_BYTES)")
         seg._map(fd, size)
         return seg
+
+    def publish(self):
+        """Give a segment made by ``create`` its name, exclusively: FileExistsError if the name is
+        taken (the segment stays unnamed; call again once the name is free). Write the header
+        first: attaching ranks take a named segment as complete. No-op when already named."""
+        if self.unnamed_fd < 0:
+            return
+        # linkat(AT_SYMLINK_FOLLOW) of /proc/self/fd/N names an O_TMPFILE file without the
+        # privilege AT_EMPTY_PATH needs; it fails with EEXIST rather than replace a file.
+        # (os.link would call link(), which links the /proc symlink itself: EXDEV.)
+        cdef bytes src = f"/proc/self/fd/{self.unnamed_fd}".encode()
+        cdef bytes dst = ("/dev/shm" + self.name).encode()
+        if capi.linkat(capi.AT_FDCWD, src, capi.AT_FDCWD, dst, capi.AT_SYMLINK_FOLLOW) != 0:
+            err = errno
+            if err == EEXIST:
+                _refuse_if_foreign(self.name)
+                raise FileExistsError(err, _os_error_text(err), self.name)
+            raise ShmcommError(f"cannot name shared segment {self.name}: {_os_error_text(err)}")
+        os.close(self.unnamed_fd)
+        self.unnamed_fd = -1
+        self.unlinked = False  # named now: the creator removes the name
 
     @staticmethod
     cdef Segment attach(str name):
@@ -105,7 +143,12 @@ cdef class Segment:
         self.size = size
 
     def unlink(self):
-        """Remove the segment's name (the mapping stays valid). Safe to call twice."""
+        """Remove the segment's name (the mapping stays valid); a segment never published just
+        forgets its file. Safe to call twice."""
+        if self.unnamed_fd >= 0:
+            close(self.unnamed_fd)
+            self.unnamed_fd = -1
+            self.unlinked = True
         if not self.unlinked:
             self.unlinked = True
             capi.shm_unlink(self.name.encode())
@@ -127,6 +170,8 @@ cdef class Segment:
         pass
 
     def __dealloc__(self):
+        if self.unnamed_fd >= 0:
+            close(self.unnamed_fd)
         # A forked child shares the mapping but must not tear down the parent's name.
         if not self.unlinked and self.owner_pid == getpid():
             capi.shm_unlink(self.name.encode())

@@ -425,7 +425,7 @@ sc.init_process_group(rank=int(sys.argv[1]), world_size=2, name=sys.argv[2], tim
 
 @pytest.mark.timeout(60)
 def test_rank0_killed_during_start_up_leaves_no_segment():
-    """Rank 0 SIGKILLed while it waits for its peers, without shmrun: the rank that comes later
+    """Rank 0 SIGKILLed as soon as its segment appears, without shmrun: the rank that comes later
     removes the dead rank 0's segment (it used to stay in /dev/shm)."""
     import signal
     import subprocess
@@ -439,7 +439,11 @@ def test_rank0_killed_during_start_up_leaves_no_segment():
     deadline = time.monotonic() + 20
     while not segments.list_segments(job=job) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert segments.list_segments(job=job), "rank 0 never created its segment"
+    seen = segments.list_segments(job=job)
+    assert seen, "rank 0 never created its segment"
+    # A segment is named only once its header is written: the first sight of it already says
+    # whose it is (before, a kill in that window left a header-less file nobody would remove).
+    assert all(s.valid and rank0.pid in s.pids and not s.stale for s in seen), seen
     rank0.send_signal(signal.SIGKILL)
     rank0.wait()
     rank1 = subprocess.run([sys.executable, "-c", START_RANK, "1", job, "2"], capture_output=True,
