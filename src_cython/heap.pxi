@@ -18,8 +18,11 @@ cdef _alloc_shared(Communicator self, size_t nbytes_per_rank):
         name = segment_name(self.job, part)
         tag = self.creds.tag(self.job, part)
         failed = None  # rank 0's error creating the segment: every rank raises its cause
+        slot = (self.step + 1) & 1  # this call's descriptor
         if self.rank == 0:
             nonce = int.from_bytes(os.urandom(8), "little")
+            # before the name exists: should rank 0 die with it named, the others can tell it
+            self.cb(0).desc[slot][D_ALLOC_NONCE] = nonce
             try:
                 seg = Segment.create(name, total)
             except (ShmcommError, OSError) as e:
@@ -38,9 +41,9 @@ cdef _alloc_shared(Communicator self, size_t nbytes_per_rank):
         _set_desc(self, K_ALLOC, 0, nbytes_per_rank, 0, 0)
         # words 5-7 are not compared by _check_desc: rank 0's failure flag, the space left
         # in /dev/shm when it failed, the heap's nonce
-        self.cb(self.rank).desc[(self.step + 1) & 1][D_ALLOC_FAILED] = failed is not None
-        self.cb(self.rank).desc[(self.step + 1) & 1][D_ALLOC_FREE] = _shm_free_bytes() if failed is not None else 0
-        self.cb(self.rank).desc[(self.step + 1) & 1][D_ALLOC_NONCE] = nonce
+        self.cb(self.rank).desc[slot][D_ALLOC_FAILED] = failed is not None
+        self.cb(self.rank).desc[slot][D_ALLOC_FREE] = _shm_free_bytes() if failed is not None else 0
+        self.cb(self.rank).desc[slot][D_ALLOC_NONCE] = nonce
         try:
             with nogil:
                 _step(self)
@@ -74,6 +77,10 @@ cdef _alloc_shared(Communicator self, size_t nbytes_per_rank):
             seg.data_offset = SHM_HEADER_BYTES
             with nogil:
                 _step(self)
+        except BaseException:
+            if self.rank != 0 and _peer_dead(self, 0):
+                _remove_dead_heap(name, self.cb(0).desc[slot][D_ALLOC_NONCE])
+            raise
         finally:
             if seg is not None and self.rank == 0:
                 seg.unlink()
@@ -101,3 +108,18 @@ cdef uint64_t _find_heap(Communicator self, char *ptr, size_t nbytes, uint64_t *
     off[0] = 0
     stride_out[0] = 0
     return 0
+
+
+
+cdef _remove_dead_heap(str name, uint64_t nonce):
+    """Rank 0 died inside ``empty`` with the heap named: only it would have removed the name.
+    Remove it if it is still that heap (the nonce rank 0 published for this call)."""
+    cdef Segment seg
+    try:
+        seg = Segment.attach(name)
+    except (ShmcommError, OSError):
+        return  # not ours, or unreadable: leave it
+    if seg is not None and seg.size >= sizeof(capi.shm_heap_header_t) \
+            and (<capi.shm_heap_header_t *>seg.base).magic == SHM_HEAP_MAGIC \
+            and (<capi.shm_heap_header_t *>seg.base).nonce == nonce:
+        seg.unlink_name()

@@ -452,6 +452,49 @@ def test_rank0_killed_during_start_up_leaves_no_segment():
     assert not segments.list_segments(job=job)
 
 
+HEAP_RANK = """
+import os, sys, time, shmcomm as sc
+rank, job, go = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+sc.init_process_group(rank=rank, world_size=2, name=job, timeout=20)
+sc.barrier()
+while rank == 1 and not os.path.exists(go):
+    time.sleep(0.02)
+try:
+    sc.empty(1000)
+except sc.PeerFailureError as e:
+    print("raised", e, flush=True)
+    sys.exit(3)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_rank0_killed_inside_empty_leaves_no_heap_segment(tmp_path):
+    """Ranks started by hand; rank 0 SIGKILLed inside ``sc.empty`` while its shared array's segment
+    is named and rank 1 has not come yet: rank 1 fails with PeerFailureError and removes the
+    name (only rank 0 did, so it stayed in /dev/shm)."""
+    import signal
+    import subprocess
+    import sys
+    import uuid
+
+    from shmcomm import segments
+
+    job, go = f"test-heap0-{uuid.uuid4().hex[:8]}", tmp_path / "go"
+    ranks = [subprocess.Popen([sys.executable, "-c", HEAP_RANK, str(r), job, str(go)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in (0, 1)]
+    deadline = time.monotonic() + 30
+    while not [s for s in segments.list_segments(job=job) if ".h1" in s.name]:
+        assert time.monotonic() < deadline, "rank 0 never named its shared array's segment"
+        time.sleep(0.02)
+    ranks[0].send_signal(signal.SIGKILL)
+    ranks[0].wait()
+    go.touch()
+    out = ranks[1].communicate(timeout=40)[0]
+    assert ranks[1].returncode == 3 and "raised" in out, out
+    assert not segments.list_segments(job=job)
+
+
 # ---- small reductions run together in one step ----------------------------------------------------
 def _batched_reductions(rank, size, mismatch_at, base):
     """Many all_reduce/reduce calls of mixed dtypes, ops and roots in flight. Ranks pause at
