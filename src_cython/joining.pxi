@@ -103,7 +103,7 @@ cdef _attach(Communicator self, str name, double deadline, str host, str boot):
         seg = Segment.attach(name)
         if seg is not None and seg.size >= SHM_HEADER_BYTES:
             hdr = <capi.shm_header_t *>seg.base
-            if capi.shm_load_acquire64(&hdr.magic) == SHM_MAGIC and _creator_alive(self, hdr.creator_pid):
+            if capi.shm_load_acquire64(&hdr.magic) == SHM_MAGIC and _pid_alive(self, hdr.creator_pid):
                 if hdr.version != SHM_VERSION:
                     raise ShmcommError(f"segment {name} has layout version {hdr.version}, this "
                                        f"shmcomm uses {SHM_VERSION}: mixed shmcomm versions?")
@@ -167,7 +167,7 @@ cdef _remove_if_same(Communicator self, str name, uint64_t nonce):
 
 
 
-cdef bint _creator_alive(Communicator self, int pid):
+cdef bint _pid_alive(Communicator self, int pid):
     return pid > 0 and (kill(pid, 0) == 0 or errno != ESRCH)
 
 
@@ -189,6 +189,23 @@ cdef _register(Communicator self):
 
 
 
+cdef _check_joined_alive(Communicator self):
+    """A rank that joined and then died or gave up can never be part of this group (its place
+    counts as taken): fail now rather than wait the whole timeout for the ranks still missing."""
+    cdef uint32_t state
+    cdef int pid
+    for r in range(self.size):
+        if r == self.rank:
+            continue
+        state = capi.shm_load_acquire(&self.cb(r).state)
+        pid = self.cb(r).pid
+        if state == SHM_RANK_DEPARTED:
+            raise peer_failure("init_process_group", r, pid, "gave up during start-up")
+        if state == SHM_RANK_ATTACHED and not _pid_alive(self, pid):
+            raise peer_failure("init_process_group", r, pid, "died during start-up")
+
+
+
 cdef _wait_all_attached(Communicator self, double deadline):
     cdef uint32_t target = self.size
     cdef int got
@@ -199,8 +216,9 @@ cdef _wait_all_attached(Communicator self, double deadline):
         if got:
             return
         PyErr_CheckSignals()
-        if not _creator_alive(self, self.hdr.creator_pid):
+        if not _pid_alive(self, self.hdr.creator_pid):
             raise peer_failure("init_process_group", 0, self.hdr.creator_pid, "died during start-up")
+        _check_joined_alive(self)
         if time.monotonic() > deadline:
             missing = [r for r in range(self.size) if self.cb(r).state != SHM_RANK_ATTACHED]
             raise CommTimeoutError(

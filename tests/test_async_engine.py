@@ -452,6 +452,44 @@ def test_rank0_killed_during_start_up_leaves_no_segment():
     assert not segments.list_segments(job=job)
 
 
+START_OF_THREE = """
+import sys, time, shmcomm as sc
+t0 = time.monotonic()
+try:
+    sc.init_process_group(rank=int(sys.argv[1]), world_size=3, name=sys.argv[2], timeout=60)
+except sc.PeerFailureError as e:
+    print(f"raised after {time.monotonic() - t0:.1f} s: {e}", flush=True)
+    sys.exit(3)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_killed_after_joining_fails_start_up_at_once():
+    """Three ranks by hand; rank 1 joins and is SIGKILLed while rank 2 has not come: rank 0
+    fails with PeerFailureError naming rank 1 at once (it waited the whole 60 s timeout for rank
+    2, whose place could never be filled), and leaves nothing in /dev/shm."""
+    import signal
+    import subprocess
+    import sys
+    import uuid
+
+    from shmcomm import segments
+
+    job = f"test-join1-{uuid.uuid4().hex[:8]}"
+    ranks = [subprocess.Popen([sys.executable, "-c", START_OF_THREE, str(r), job],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in (0, 1)]
+    deadline = time.monotonic() + 30
+    while not any(ranks[1].pid in s.pids for s in segments.list_segments(job=job)):
+        assert time.monotonic() < deadline, "rank 1 never joined"
+        time.sleep(0.02)
+    ranks[1].send_signal(signal.SIGKILL)
+    ranks[1].wait()
+    out = ranks[0].communicate(timeout=20)[0]
+    assert ranks[0].returncode == 3 and "rank 1" in out and "died during start-up" in out, out
+    assert not segments.list_segments(job=job)
+
+
 HEAP_RANK = """
 import os, sys, time, shmcomm as sc
 rank, job, go = int(sys.argv[1]), sys.argv[2], sys.argv[3]
