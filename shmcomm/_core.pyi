@@ -81,7 +81,9 @@ class Communicator:
     fused_calls: int
     zero_copy_calls: int
     def __init__(self, job: str, part: str, rank: int, size: int, timeout: float,
-                 secret: str | bytes | None = None, threads_per_rank: int = 1) -> None: ...
+                 secret: str | bytes | None = None, threads_per_rank: int = 1,
+                 watch: Callable[[], None] | None = None) -> None: ...
+    def check_alive(self, ranks: Iterable[int]) -> None: ...  # PeerFailureError if one exited
     # Each collective runs inline (returns None) or, with async_op=True, is queued (returns a Work).
     # op: an op code; factor: PREMUL_SUM's (each rank's input times its own factor, then summed)
     def all_reduce(self, array: Array, op: int = 0, async_op: bool = False,

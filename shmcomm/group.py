@@ -339,8 +339,9 @@ class ProcessGroup(_core.GroupCore):
         if self.rank not in members:
             return None
         job = self._comm.job
-        comm = _core.Communicator(job, self._comm.derived_part(f"g{index}"), members.index(self.rank),
-                                  len(members), timeout)
+        parent = self._comm
+        comm = _core.Communicator(job, parent.derived_part(f"g{index}"), members.index(self.rank),
+                                  len(members), timeout, watch=lambda: parent.check_alive(members))
         return ProcessGroup(comm, members, f"{job}.g{index}")
 
     # ---- teardown -----------------------------------------------------------------------------

@@ -127,6 +127,7 @@ cdef class Communicator:
     cdef const void **srcs        # reduction inputs: scratch of the op running now
     cdef double *factors          # PREMUL_SUM: each rank's factor, for the op running now
     cdef object broken
+    cdef object watch             # during start-up only: raises when a rank to come cannot
     cdef const char *op_name
     cdef readonly bint closed
     cdef int heap_count
@@ -168,7 +169,7 @@ cdef class Communicator:
         self.op_name = b"init"
 
     def __init__(self, str job, str part, int rank, int size, double timeout, secret=None,
-                 int threads_per_rank=1):
+                 int threads_per_rank=1, watch=None):
         if size < 1:
             raise ValueError(f"world_size must be >= 1, got {size}")
         if not 0 <= rank < size:
@@ -207,7 +208,11 @@ cdef class Communicator:
         for r in range(size):
             self.pidfds[r] = -1
             self.pids[r] = 0
-        _rendezvous(self, settings["slot_bytes"], settings["ring_bytes"], settings["cma_bytes"])
+        self.watch = watch  # a sub-group's: its parent's check that the members still live
+        try:
+            _rendezvous(self, settings["slot_bytes"], settings["ring_bytes"], settings["cma_bytes"])
+        finally:
+            self.watch = None
         self.closed = False
 
     # ---- layout -------------------------------------------------------------------------------
@@ -393,6 +398,19 @@ cdef class Communicator:
         import hashlib
         salt = self.hdr.name_salt.to_bytes(8, "little")
         return f"{what}.{hashlib.blake2s(what.encode(), key=salt, digest_size=8).hexdigest()}"
+
+    def check_alive(self, ranks):
+        """Raise PeerFailureError naming the first of ``ranks`` (of this group) whose process
+        exited: a sub-group's start-up watches its members through it, so that it fails at
+        once when one dies instead of waiting for it the whole timeout.
+
+        Example::
+
+            comm.check_alive([0, 2])
+        """
+        for r in ranks:
+            if r != self.rank and _peer_dead(self, r):
+                raise peer_failure("new_group", r, self.pids[r])
 
     def is_aborted(self):
         return _group_aborted(self)

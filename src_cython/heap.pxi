@@ -11,6 +11,7 @@ cdef _alloc_shared(Communicator self, size_t nbytes_per_rank):
     cdef capi.shm_heap_header_t *hh
     cdef uint64_t nonce = 0
     cdef _Call call = _open(self, False)
+    cdef int made = -1  # step 2's descriptor, where rank 0 says whether it made the heap
     try:
         _begin(self, b"empty")
         self.heap_count += 1
@@ -18,45 +19,45 @@ cdef _alloc_shared(Communicator self, size_t nbytes_per_rank):
         name = segment_name(self.job, part)
         tag = self.creds.tag(self.job, part)
         failed = None  # rank 0's error creating the segment: every rank raises its cause
-        slot = (self.step + 1) & 1  # this call's descriptor
-        if self.rank == 0:
-            nonce = int.from_bytes(os.urandom(8), "little")
-            # before the name exists: should rank 0 die with it named, the others can tell it
-            self.cb(0).desc[slot][D_ALLOC_NONCE] = nonce
-            try:
-                seg = Segment.create(name, total)
-            except (ShmcommError, OSError) as e:
-                failed = e
-            else:
-                hh = <capi.shm_heap_header_t *>seg.base
-                hh.nonce = nonce
-                memcpy(hh.tag, <char *>tag, 32)
-                hh.magic = SHM_HEAP_MAGIC
-                try:
-                    seg.publish()  # named only now, with its header: never half-made
-                except (ShmcommError, OSError) as e:
-                    seg.unlink()
-                    seg = None
-                    failed = e
+        # Three steps: (1) every rank is in this call, with the same size; rank 0 makes and names
+        # the heap only then, so a rank that failed earlier leaves no name behind; (2) rank 0 says
+        # whether it made it, and the others attach; (3) every rank attached: each removes the
+        # name (whoever outlives the others). Should rank 0 die with the heap named, the others
+        # fail in step 2 or 3 and remove it themselves (its nonce is out before its name).
         _set_desc(self, K_ALLOC, 0, nbytes_per_rank, 0, 0)
-        # words 5-7 are not compared by _check_desc: rank 0's failure flag, the space left
-        # in /dev/shm when it failed, the heap's nonce
-        self.cb(self.rank).desc[slot][D_ALLOC_FAILED] = failed is not None
-        self.cb(self.rank).desc[slot][D_ALLOC_FREE] = _shm_free_bytes() if failed is not None else 0
-        self.cb(self.rank).desc[slot][D_ALLOC_NONCE] = nonce
         try:
             with nogil:
                 _step(self)
                 _check_desc(self)
-            if self.cb(0).desc[self.step & 1][D_ALLOC_FAILED]:  # the group stays usable: nothing was made
+            made = (self.step + 1) & 1  # words 5-7 of rank 0's descriptor are its report
+            if self.rank == 0:
+                nonce = int.from_bytes(os.urandom(8), "little")
+                self.cb(0).desc[made][D_ALLOC_NONCE] = nonce
+                try:
+                    seg = Segment.create(name, total)
+                    hh = <capi.shm_heap_header_t *>seg.base
+                    hh.nonce = nonce
+                    memcpy(hh.tag, <char *>tag, 32)
+                    hh.magic = SHM_HEAP_MAGIC
+                    seg.publish()  # named only now, with its header: never half-made
+                except (ShmcommError, OSError) as e:
+                    if seg is not None:
+                        seg.unlink()
+                        seg = None
+                    failed = e
+                self.cb(0).desc[made][D_ALLOC_FAILED] = failed is not None
+                self.cb(0).desc[made][D_ALLOC_FREE] = _shm_free_bytes() if failed is not None else 0
+            with nogil:
+                _step(self)
+            if self.cb(0).desc[made][D_ALLOC_FAILED]:  # the group stays usable: nothing was made
                 if failed is not None:
                     raise failed
                 raise ShmcommError(
                     f"empty: rank 0 could not create the shared array's segment of {total} "
-                    f"bytes in /dev/shm ({self.cb(0).desc[self.step & 1][D_ALLOC_FREE]} bytes free; see "
+                    f"bytes in /dev/shm ({self.cb(0).desc[made][D_ALLOC_FREE]} bytes free; see "
                     f"rank 0's error; enlarge /dev/shm, e.g. docker --shm-size)")
             if self.rank != 0:
-                nonce = self.cb(0).desc[self.step & 1][D_ALLOC_NONCE]
+                nonce = self.cb(0).desc[made][D_ALLOC_NONCE]
                 try:
                     seg = Segment.attach(name)
                 except ShmcommError as e:
@@ -77,9 +78,10 @@ cdef _alloc_shared(Communicator self, size_t nbytes_per_rank):
             seg.data_offset = SHM_HEADER_BYTES
             with nogil:
                 _step(self)
+            seg.unlink_name()  # every rank (a unique name): it outlives none of them
         except BaseException:
-            if self.rank != 0 and _peer_dead(self, 0):
-                _remove_dead_heap(name, self.cb(0).desc[slot][D_ALLOC_NONCE])
+            if self.rank != 0 and made >= 0 and _peer_dead(self, 0):
+                _remove_heap_name(name, self.cb(0).desc[made][D_ALLOC_NONCE])
             raise
         finally:
             if seg is not None and self.rank == 0:
@@ -111,9 +113,9 @@ cdef uint64_t _find_heap(Communicator self, char *ptr, size_t nbytes, uint64_t *
 
 
 
-cdef _remove_dead_heap(str name, uint64_t nonce):
-    """Rank 0 died inside ``empty`` with the heap named: only it would have removed the name.
-    Remove it if it is still that heap (the nonce rank 0 published for this call)."""
+cdef _remove_heap_name(str name, uint64_t nonce):
+    """Rank 0 died inside ``empty`` with the heap named (only it would have removed the name):
+    remove the name if it is still that heap (``nonce``)."""
     cdef Segment seg
     try:
         seg = Segment.attach(name)

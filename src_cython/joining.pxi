@@ -72,6 +72,9 @@ cdef _verify_peer(Communicator self, int r):
     under us). Cross-memory copies only ever target these pids."""
     from shmcomm.trust import process_identity
     ident = process_identity(self.pids[r])
+    if ident is None and not _pid_alive(self, self.pids[r]):  # it joined, then died
+        self.cb(self.rank).state = SHM_RANK_DEPARTED
+        raise peer_failure("init_process_group", r, self.pids[r], "died during start-up")
     if ident is None or ident[0] != os.geteuid() or ident[1] != self.cb(r).start_time:
         self.cb(self.rank).state = SHM_RANK_DEPARTED
         raise ShmcommError(
@@ -132,6 +135,8 @@ cdef _attach(Communicator self, str name, double deadline, str host, str boot):
                 # not a restarted rank 0's) and wait for a new rank 0.
                 _remove_if_same(self, name, hdr.nonce)
         seg = None
+        if self.watch is not None:
+            self.watch()
         if time.monotonic() > deadline:
             raise CommTimeoutError(
                 f"rank {self.rank} found no segment from rank 0 of job {self.job!r} within "
@@ -193,16 +198,17 @@ cdef _check_joined_alive(Communicator self):
     """A rank that joined and then died or gave up can never be part of this group (its place
     counts as taken): fail now rather than wait the whole timeout for the ranks still missing."""
     cdef uint32_t state
-    cdef int pid
+    gave_up = None
     for r in range(self.size):
         if r == self.rank:
             continue
         state = capi.shm_load_acquire(&self.cb(r).state)
-        pid = self.cb(r).pid
-        if state == SHM_RANK_DEPARTED:
-            raise peer_failure("init_process_group", r, pid, "gave up during start-up")
-        if state == SHM_RANK_ATTACHED and not _pid_alive(self, pid):
-            raise peer_failure("init_process_group", r, pid, "died during start-up")
+        if state == SHM_RANK_ATTACHED and not _pid_alive(self, self.cb(r).pid):
+            raise peer_failure("init_process_group", r, self.cb(r).pid, "died during start-up")
+        if state == SHM_RANK_DEPARTED and gave_up is None:
+            gave_up = r
+    if gave_up is not None:  # after the dead: a death is why others give up
+        raise peer_failure("init_process_group", gave_up, self.cb(gave_up).pid, "gave up during start-up")
 
 
 
@@ -218,6 +224,8 @@ cdef _wait_all_attached(Communicator self, double deadline):
         PyErr_CheckSignals()
         if not _pid_alive(self, self.hdr.creator_pid):
             raise peer_failure("init_process_group", 0, self.hdr.creator_pid, "died during start-up")
+        if self.watch is not None:  # first: a member's death is why others give up
+            self.watch()
         _check_joined_alive(self)
         if time.monotonic() > deadline:
             missing = [r for r in range(self.size) if self.cb(r).state != SHM_RANK_ATTACHED]

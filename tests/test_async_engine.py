@@ -495,6 +495,7 @@ import os, sys, time, shmcomm as sc
 rank, job, go = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 sc.init_process_group(rank=rank, world_size=2, name=job, timeout=20)
 sc.barrier()
+print("ready", flush=True)
 while rank == 1 and not os.path.exists(go):
     time.sleep(0.02)
 try:
@@ -507,9 +508,11 @@ except sc.PeerFailureError as e:
 
 @pytest.mark.timeout(60)
 def test_rank0_killed_inside_empty_leaves_no_heap_segment(tmp_path):
-    """Ranks started by hand; rank 0 SIGKILLed inside ``sc.empty`` while its shared array's segment
-    is named and rank 1 has not come yet: rank 1 fails with PeerFailureError and removes the
-    name (only rank 0 did, so it stayed in /dev/shm)."""
+    """Ranks started by hand; rank 0 SIGKILLed inside ``sc.empty`` while rank 1 has not come yet:
+    rank 1 fails with PeerFailureError and nothing stays in /dev/shm. (Rank 0 named the shared
+    array's segment before the others came, and only it removed the name; now it names it once
+    every rank is in the call, and the others remove it should rank 0 die after that:
+    tests/test_kill_anywhere.py.)"""
     import signal
     import subprocess
     import sys
@@ -521,10 +524,9 @@ def test_rank0_killed_inside_empty_leaves_no_heap_segment(tmp_path):
     ranks = [subprocess.Popen([sys.executable, "-c", HEAP_RANK, str(r), job, str(go)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for r in (0, 1)]
-    deadline = time.monotonic() + 30
-    while not [s for s in segments.list_segments(job=job) if ".h1" in s.name]:
-        assert time.monotonic() < deadline, "rank 0 never named its shared array's segment"
-        time.sleep(0.02)
+    for p in ranks:
+        assert p.stdout.readline().strip() == "ready"
+    time.sleep(0.5)  # rank 0 is inside empty()
     ranks[0].send_signal(signal.SIGKILL)
     ranks[0].wait()
     go.touch()

@@ -59,8 +59,10 @@ class HierarchicalGroup(EngineGroup):
             return None
         if len({self.topology.node_of[g] for g in members}) == 1:  # a part of this node's job
             node = self.node._comm
+            local = [self.topology.local_of[g] for g in members]
             comm = _core.Communicator(node.job, node.derived_part(f"g{index}"), members.index(self.rank),
-                                      len(members), timeout, secret=self._secret)
+                                      len(members), timeout, secret=self._secret,
+                                      watch=lambda: node.check_alive(local))
             return ProcessGroup(comm, members, f"{node.job}.g{index}")
         sub = build(self._meeting.among(f"g{index}", members), timeout, f"{self._label}.g{index}",
                     self._secret_fn)

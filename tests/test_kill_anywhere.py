@@ -1,0 +1,142 @@
+"""A rank SIGKILLed at any moment, ranks started by hand (no launcher to clean up after them):
+every survivor fails within seconds with a PeerFailureError, never waits out its timeout, and
+nothing stays in /dev/shm.
+
+The mixed workload below (collectives of every path, sc.empty, point to point, sub-groups made and
+destroyed) found two ways to wait the whole timeout: a sub-group's start-up waited for a member
+that had died in the parent group, and rank 0 of a start-up waited for ranks still to come after
+one that had joined died. The named cases pin each down; the random one keeps looking."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from shmcomm import segments
+
+# Every rank makes the same calls (one seed); a killed rank leaves the others inside one of them.
+WORKLOAD = """
+import random, sys, time
+import numpy as np, shmcomm as sc
+rank, size, job, seed = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+sc.init_process_group(rank=rank, world_size=size, name=job, timeout=60)
+rng, keep, i = random.Random(seed), [], 0
+print("ready", flush=True)
+try:
+    for i in range(10**6):
+        kind, n = rng.randrange(8), rng.choice([1, 100, 5000, 70000, 300000, 2000000])
+        if kind == 0:
+            sc.all_reduce(np.full(n, rank, np.float32))
+        elif kind == 1:
+            sc.all_reduce(np.ones(n, np.float64), async_op=True).wait()
+        elif kind == 2:
+            keep = (keep + [sc.empty(n // 4 + 1, np.float32)])[-3:]
+        elif kind == 3:
+            sc.all_gather([np.empty(n, np.uint8) for _ in range(size)], np.zeros(n, np.uint8))
+        elif kind == 4:
+            got = sc.irecv(np.zeros(n, np.int32), src=(rank - 1) % size)
+            sc.send(np.ones(n, np.int32), dst=(rank + 1) % size)
+            got.wait()
+        elif kind == 5:
+            sub = sc.new_group(list(range(size)))
+            sc.all_reduce(np.ones(n, np.float32), group=sub)
+            sc.destroy_process_group(sub)
+        elif kind == 6:
+            sc.broadcast(np.ones(n, np.float32), src=rng.randrange(size))
+        else:
+            sc.barrier()
+except sc.PeerFailureError as e:
+    print(f"call {i}: {e}", flush=True)
+    sys.exit(3)
+"""
+
+# A sub-group made after rank `late` (of 3) has been killed: the others are in its start-up.
+LATE_FOR_SUBGROUP = """
+import os, sys, time
+import shmcomm as sc
+rank, job, go, late = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+sc.init_process_group(rank=rank, world_size=3, name=job, timeout=60)
+sc.barrier()
+print("ready", flush=True)
+while rank == late and not os.path.exists(go):
+    time.sleep(0.02)
+t0 = time.monotonic()
+try:
+    sc.new_group([0, 1, 2])
+except sc.PeerFailureError as e:
+    print(f"after {time.monotonic() - t0:.1f} s: {e}", flush=True)
+    sys.exit(3)
+"""
+
+
+def _start(code: str, args: list[str], ranks: int) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-c", code, str(r), *args], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True) for r in range(ranks)]
+
+
+def _wait_ready(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        line = p.stdout.readline()
+        assert line.strip() == "ready", line + p.stdout.read()
+
+
+def _survivors_fail_fast(procs: list[subprocess.Popen], victim: int, job: str) -> dict[int, str]:
+    """SIGKILL rank ``victim``; every other rank must exit with code 3 (it caught a
+    PeerFailureError) within 15 s (their timeout is 60 s), leaving no segment of ``job``."""
+    procs[victim].send_signal(signal.SIGKILL)
+    procs[victim].wait()
+    killed = time.monotonic()
+    outs = {}
+    for r, p in enumerate(procs):
+        if r != victim:
+            try:
+                outs[r] = p.communicate(timeout=max(1.0, 15 - (time.monotonic() - killed)))[0]
+            except subprocess.TimeoutExpired:
+                p.kill()
+                outs[r] = "still waiting 15 s after the kill: " + p.communicate()[0]
+    left = segments.list_segments(job=job)
+    for seg in left:
+        try:
+            os.unlink(seg.path)
+        except OSError:
+            pass
+    codes = {r: p.returncode for r, p in enumerate(procs) if r != victim}
+    assert all(c == 3 for c in codes.values()), (codes, outs)
+    assert not left, [s.name for s in left]
+    return outs
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("late", [0, 1])
+def test_a_member_killed_before_a_subgroup_fails_its_start_up_at_once(tmp_path, late):
+    """Rank ``late`` is killed before it comes to ``new_group``: the others, in the sub-group's
+    start-up (rank 0 waiting for members, or the others for rank 0's segment), raise
+    PeerFailureError naming it; they waited for it until their 60 s timeout."""
+    job, go = f"test-sub{late}-{uuid.uuid4().hex[:8]}", tmp_path / "go"
+    procs = _start(LATE_FOR_SUBGROUP, [job, str(go), str(late)], 3)
+    _wait_ready(procs)
+    time.sleep(0.5)  # the others are inside new_group
+    outs = _survivors_fail_fast(procs, late, job)
+    assert all(f"rank {late} " in out for out in outs.values()), outs
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_a_rank_killed_at_a_random_moment(size):
+    """The mixed workload on ``size`` ranks; a random rank is killed at a random moment, twice
+    per world size (seed and moment printed on failure)."""
+    for _ in range(2):
+        seed, victim, after = random.randrange(10**6), random.randrange(size), random.uniform(0.1, 1.5)
+        job = f"test-kill-{uuid.uuid4().hex[:8]}"
+        procs = _start(WORKLOAD, [str(size), job, str(seed)], size)
+        _wait_ready(procs)
+        time.sleep(after)
+        try:
+            _survivors_fail_fast(procs, victim, job)
+        except AssertionError as e:
+            raise AssertionError(f"seed {seed}, rank {victim} killed {after:.2f} s in: {e}") from None
