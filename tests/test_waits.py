@@ -21,9 +21,9 @@ def _start_on_one_core_then_reduce(rank, size):
     getcpu = ctypes.CDLL(None, use_errno=True).sched_getcpu
     x = np.ones(2, np.float32)
     cpus = []
-    for i in range(4000):
+    for i in range(10000):  # the last 2000 calls, once the scheduler and the move had time
         sc.all_reduce(x)
-        if i >= 2000:
+        if i >= 8000:
             cpus.append(getcpu())
     return cpus, os.sched_getaffinity(0) == mask
 
