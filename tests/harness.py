@@ -10,6 +10,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import threading
 import traceback
 import uuid
 
@@ -51,6 +52,12 @@ def run_ranks(fn, size: int, *args, timeout: float = 60.0, init: bool = True, en
     """
     job = job or f"test-{uuid.uuid4().hex[:12]}"
     env = {k: str(v) for k, v in (env or {}).items()}
+    # Ranks are forked: a thread of this process still running (an earlier test's timer) could
+    # hold an allocator lock the child inherits held, and the child would hang on it (seen once
+    # in CI under ASan). Let such threads end first.
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join(timeout=5)
     procs, conns = [], []
     for rank in range(size):
         parent, child = _ctx.Pipe(duplex=False)

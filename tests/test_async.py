@@ -185,8 +185,10 @@ def test_wait_any_in_a_loop_adds_one_callback_per_future():
             sc.wait_any([pending], timeout=0.001)
     after_many = sys.getrefcount(waits._notify)
     assert after_many == after_one
-    threading.Timer(0.05, pending.set_result, (5,)).start()
+    timer = threading.Timer(0.05, pending.set_result, (5,))
+    timer.start()
     assert sc.wait_any([pending], timeout=5) == 0 and pending.value() == 5
+    timer.join()  # gone before the next test forks: a fork beside an exiting thread can copy a held lock
 
 
 @pytest.mark.timeout(60)
