@@ -12,6 +12,7 @@ from typing import Any, Generic, Literal, TypeVar, final, overload
 import numpy as np
 
 from shmcomm._types import Array, ReduceOpLike
+from shmcomm.trust import Credentials
 
 _T = TypeVar("_T")
 _S = TypeVar("_S")
@@ -80,14 +81,22 @@ class Communicator:
     owner_pid: int
     fused_calls: int
     zero_copy_calls: int
+    threads_per_rank: int
+    # all_reduce of private arrays from composite_bytes up goes to composite.all_reduce(array,
+    # op, async_op, factor) (shmcomm/numa.py); abort and close reach it too
+    composite: Any
+    composite_bytes: int
     def __init__(self, job: str, part: str, rank: int, size: int, timeout: float,
-                 secret: str | bytes | None = None, threads_per_rank: int = 1,
+                 secret: str | bytes | Credentials | None = None, threads_per_rank: int = 1,
                  watch: Callable[[], None] | None = None) -> None: ...
+    def derive(self, what: str, members: Iterable[int], timeout: float | None = None) -> Communicator: ...
     def check_alive(self, ranks: Iterable[int]) -> None: ...  # PeerFailureError if one exited
     # Each collective runs inline (returns None) or, with async_op=True, is queued (returns a Work).
     # op: an op code; factor: PREMUL_SUM's (each rank's input times its own factor, then summed)
     def all_reduce(self, array: Array, op: int = 0, async_op: bool = False,
                    factor: float = 1.0) -> Work | None: ...
+    def all_reduce_flat(self, array: Array, op: int = 0, async_op: bool = False,
+                        factor: float = 1.0) -> Work | None: ...
     def reduce(self, array: Array, dst: int, op: int = 0, async_op: bool = False,
                factor: float = 1.0) -> Work | None: ...
     def broadcast(self, array: Array, src: int, async_op: bool = False) -> Work | None: ...

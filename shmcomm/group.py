@@ -23,6 +23,7 @@ import numpy as np
 
 import shmcomm._core as _core
 from shmcomm.errors import AbortedError
+from shmcomm.numa import attach as attach_numa
 from shmcomm.ops import ReduceOp, op_code
 
 from shmcomm.work import Work
@@ -146,6 +147,12 @@ class ProcessGroup(_core.GroupCore):
         self._subgroups = 0
         self._destroyed = False
         _alive.add(self)
+        if engine is None and comm.composite is None:
+            try:
+                attach_numa(comm)  # large all_reduce inside each NUMA node first, where it applies
+            except BaseException:
+                self.destroy()
+                raise
 
     # ---- identity ---------------------------------------------------------------------------
     @property
@@ -338,11 +345,8 @@ class ProcessGroup(_core.GroupCore):
         """
         if self.rank not in members:
             return None
-        job = self._comm.job
-        parent = self._comm
-        comm = _core.Communicator(job, parent.derived_part(f"g{index}"), members.index(self.rank),
-                                  len(members), timeout, watch=lambda: parent.check_alive(members))
-        return ProcessGroup(comm, members, f"{job}.g{index}")
+        comm = self._comm.derive(f"g{index}", members, timeout)
+        return ProcessGroup(comm, members, f"{comm.job}.g{index}")
 
     # ---- teardown -----------------------------------------------------------------------------
     def destroy(self) -> None:

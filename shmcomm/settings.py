@@ -10,7 +10,7 @@ Scopes:
     group      tuning of each process group, read when a group is created (``group_settings``)
     job        how ranks meet: job name, secret, timeout
     kernels    the SIMD level of the reduction kernels
-    multinode  the engine between nodes, simulated nodes
+    multinode  the engine between nodes, simulated nodes and NUMA nodes
     rpc        the RPC agent's rings and waits
     bench      ``shmcomm-bench`` test hooks
     build      read by setup.py when the extension is compiled
@@ -109,6 +109,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("SHMCOMM_CMA_BYTES", "group", "256 KiB",
             "pieces from this size use cross-memory attach (single copy); 0 turns it off", 0,
             "cma_bytes", lambda g: 256 << 10),
+    # Unmeasured: no machine with several NUMA nodes was at hand (shmcomm/numa.py). Below about
+    # a megabyte the composition's four steps of waiting should cost more than the cross-node
+    # traffic it saves.
+    Setting("SHMCOMM_NUMA_BYTES", "group", "1 MiB",
+            "all_reduce of private arrays this large reduces inside each NUMA node first, where "
+            "the ranks are bound to several nodes; 0 turns it off", 0, "numa_bytes",
+            lambda g: 1 << 20),
     Setting("SHMCOMM_PROGRESS_US", "group", "50",
             "how often the progress thread looks for queued async ops while the group is busy", 1,
             "progress_us", lambda g: 50),
@@ -128,6 +135,8 @@ SETTINGS: tuple[Setting, ...] = (
             "the engine between nodes: gloo (torch) or mpi (mpi4py, under mpirun)"),
     Setting("SHMCOMM_SIMULATE_NODES", "multinode", "1",
             "testing and benchmarking: split the ranks into K blocks that act as nodes", 1),
+    Setting("SHMCOMM_SIMULATE_NUMA", "multinode", "1",
+            "testing: split each group's ranks into K blocks that act as NUMA nodes", 1),
     Setting("SHMCOMM_RPC_RING_BYTES", "rpc", "about 4 MiB of rings per rank, 256 KiB-1 MiB each",
             "bytes of each RPC ring", 4096),
     Setting("SHMCOMM_RPC_SPIN_US", "rpc", "0",

@@ -154,6 +154,13 @@ cdef class Communicator:
     cdef uint64_t doze_ns
     cdef readonly unsigned long long fused_calls  # small reductions that ran in a step with others
     cdef readonly unsigned long long zero_copy_calls  # calls that read or wrote peers' sc.empty arrays in place
+    cdef readonly int threads_per_rank  # busy threads per rank (group_settings), kept for derive
+    # A composition that runs all_reduce of private arrays from composite_bytes up instead of the
+    # flat paths (shmcomm/numa.py: inside each NUMA node first): its all_reduce(array, op,
+    # async_op, factor) is called for them, its abort(reason) and close() with this group's;
+    # None: every size runs flat
+    cdef public object composite
+    cdef public size_t composite_bytes
 
     def __cinit__(self):
         self.pidfds = NULL
@@ -167,6 +174,7 @@ cdef class Communicator:
         self.closed = True
         self.engine_ready = False
         self.op_name = b"init"
+        self.composite = None
 
     def __init__(self, str job, str part, int rank, int size, double timeout, secret=None,
                  int threads_per_rank=1, watch=None):
@@ -181,8 +189,10 @@ cdef class Communicator:
         self.broken = None
         self.heaps = []
         self.owner_pid = getpid()
-        from shmcomm.trust import credentials
-        self.creds = credentials(secret)
+        from shmcomm.trust import Credentials, credentials
+        # a derived group's (derive) are its parent's: the secret itself is not kept
+        self.creds = secret if isinstance(secret, Credentials) else credentials(secret)
+        self.threads_per_rank = threads_per_rank
         settings = group_settings(size, threads_per_rank)
         self.small_bytes = settings["small_bytes"]
         self.stream_bytes = settings["stream_bytes"]
@@ -375,9 +385,12 @@ cdef class Communicator:
     # ---- lifecycle ----------------------------------------------------------------------------
     def abort(self, str reason=None):
         """Abort the group on every rank: pending and later ops raise AbortedError (naming this
-        rank and ``reason``, if it is the first to abort)."""
+        rank and ``reason``, if it is the first to abort). A composition's groups too: a peer may
+        be waiting in one of them."""
         if self.hdr == NULL or _this_pid != self.owner_pid:
             return
+        if self.composite is not None:
+            self.composite.abort(reason)
         if reason is not None and capi.shm_fetch_add(&self.hdr.abort_claim, 1) == 0:
             _copy_text(self.hdr.abort_reason, reason, 511)
             self.hdr.abort_rank = self.rank
@@ -398,6 +411,22 @@ cdef class Communicator:
         import hashlib
         salt = self.hdr.name_salt.to_bytes(8, "little")
         return f"{what}.{hashlib.blake2s(what.encode(), key=salt, digest_size=8).hexdigest()}"
+
+    def derive(self, str what, members, timeout=None):
+        """The group of ``members`` (ranks of this group; member i becomes rank i) made through
+        this one: its segment part ``derived_part(what)``, this group's secret and busy threads,
+        its timeout unless ``timeout`` is given. Its start-up fails at once when a member dies.
+        Collective over ``members``: sub-groups and a composition's groups are made this way.
+
+        Example::
+
+            sub = comm.derive("g3", [0, 2])   # on ranks 0 and 2
+        """
+        members = list(members)
+        return Communicator(self.job, self.derived_part(what), members.index(self.rank),
+                            len(members), self.timeout if timeout is None else timeout,
+                            secret=self.creds, threads_per_rank=self.threads_per_rank,
+                            watch=lambda: self.check_alive(members))
 
     def check_alive(self, ranks):
         """Raise PeerFailureError naming the first of ``ranks`` (of this group) whose process
@@ -441,6 +470,7 @@ cdef class Communicator:
             return
         if _this_pid != self.owner_pid:
             self.closed = True
+            self._close_composite()
             return
         self.refuse_inside_own_operation()
         try:
@@ -456,6 +486,12 @@ cdef class Communicator:
                 if self.pidfds[r] >= 0:
                     close(self.pidfds[r])
                     self.pidfds[r] = -1
+            self._close_composite()
+
+    cdef _close_composite(self):
+        composite, self.composite = self.composite, None
+        if composite is not None:
+            composite.close()
 
     def __dealloc__(self):
         if self.pidfds != NULL:
@@ -475,12 +511,24 @@ cdef class Communicator:
         return 0
 
     cpdef all_reduce(self, array, int op=SHM_SUM, bint async_op=False, double factor=1.0):
+        return self._all_reduce(array, op, async_op, factor, True)
+
+    def all_reduce_flat(self, array, int op=SHM_SUM, bint async_op=False, double factor=1.0):
+        """``all_reduce`` by the flat paths whatever the size: a composition's own fallback."""
+        return self._all_reduce(array, op, async_op, factor, False)
+
+    cdef _all_reduce(self, array, int op, bint async_op, double factor, bint composite):
         cdef _Call call = _open(self, async_op)
         try:
             owners = _prep_reduce(self, &call.o, array, op, -1, factor)
         except BaseException:
             _abandon(self, call)
             raise
+        # sc.empty arrays keep the flat zero-copy path: no copy at all beats any composition
+        if composite and self.composite is not None and call.o.nbytes >= self.composite_bytes \
+                and call.o.heap == 0:
+            _abandon(self, call)
+            return self.composite.all_reduce(array, op, async_op, factor)
         return _go(self, call, owners, array, True)
 
     cpdef reduce(self, array, int dst, int op=SHM_SUM, bint async_op=False, double factor=1.0):

@@ -19,13 +19,15 @@ from shmcomm import segments
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "start_modes")
 FEATURES = os.path.join(HERE, "features.py")
-WORLD = 3
+WORLD = 4  # two simulated NUMA nodes of two ranks
 
 
 def _env_without_secret() -> dict[str, str]:
     """This user's environment as a fresh shell has it: no SHMCOMM_ variable (pytest's process
-    made a secret up on import; a user's shell has none)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("SHMCOMM_")}
+    made a secret up on import; a user's shell has none), but two simulated NUMA nodes, whose
+    groups the default group makes through itself (with its secret, or none)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHMCOMM_")}
+    return dict(env, SHMCOMM_SIMULATE_NUMA="2", SHMCOMM_NUMA_BYTES="1024")
 
 
 def _check(outputs: list[str], job: str | None) -> None:

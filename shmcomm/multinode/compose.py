@@ -120,6 +120,7 @@ class HierarchicalComm:
 
     ``local`` is this node's ``Communicator``; ``rail`` and ``world`` the links of
     ``shmcomm.multinode.link`` (``rail`` None when nodes hold different numbers of ranks).
+    ``leaders_bytes``: all_reduce up to this size crosses by each node's leader alone.
 
     Example::
 
@@ -127,8 +128,11 @@ class HierarchicalComm:
         h.broadcast(x, 0)
     """
 
-    def __init__(self, topology: Topology, rank: int, local: _core.Communicator, rail, world):
+    def __init__(self, topology: Topology, rank: int, local: _core.Communicator, rail, world,
+                 leaders_bytes: int = SMALL_BYTES):
         self.topology, self.rank, self.size = topology, rank, len(topology.hosts)
+        # all_reduce up to this many bytes crosses by the leaders alone (0: always by shards)
+        self._leaders_bytes = leaders_bytes
         self._local, self._rail, self._world = local, rail, world
         self._node, self._l = topology.node_of[rank], topology.local_of[rank]
         # a hierarchy is built only for ranks on two nodes or more, so every rank has a rail
@@ -172,9 +176,12 @@ class HierarchicalComm:
         """Reduce ``array`` in place over every rank of every node."""
         a = flat(array, writable=True)
         _check_op(a, op)
-        return self._run(self._all_reduce, (a, op, factor), [array], async_op)
+        return self._run(self.all_reduce_steps, (a, op, factor), [array], async_op)
 
-    def _all_reduce(self, a: np.ndarray, op: int, factor: float) -> None:
+    def all_reduce_steps(self, a: np.ndarray, op: int, factor: float) -> None:
+        """all_reduce's steps on the calling thread, which runs them as one operation of some
+        progress engine (this class's own ``all_reduce`` queues them on its node group's; the
+        NUMA composition of ``shmcomm.numa`` on its flat group's)."""
         # 1. inside the node: SUM for AVG (divided at the end), PREMUL_SUM scales there
         # 2. between nodes: SUM for AVG and PREMUL_SUM; by leaders up to SMALL_BYTES, by shards
         #    above; everything over the world link when there are no rails
@@ -185,7 +192,7 @@ class HierarchicalComm:
             if op == _PREMUL:
                 _scale(a, factor)
             self._world.all_reduce(a, cross)
-        elif a.nbytes <= SMALL_BYTES:
+        elif a.nbytes <= self._leaders_bytes:
             self._all_reduce_by_leaders(a, local, cross, factor)
         else:
             self._all_reduce_by_shards(a, local, cross, factor)
@@ -230,7 +237,7 @@ class HierarchicalComm:
     def _reduce(self, a: np.ndarray, dst: int, op: int, factor: float) -> None:
         # 1. all_reduce of a copy  2. the destination keeps it
         result = a.copy()
-        self._all_reduce(result, op, factor)
+        self.all_reduce_steps(result, op, factor)
         if self.rank == dst:
             a[...] = result
 

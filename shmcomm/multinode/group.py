@@ -35,12 +35,12 @@ class HierarchicalGroup(EngineGroup):
     """
 
     def __init__(self, comm: HierarchicalComm, node: ProcessGroup, name: str, meeting: Meeting,
-                 label: str, secret: str | None, secret_fn=None):
+                 label: str, secret_fn=None):
         super().__init__(node._comm, range(comm.size), name, engine=comm, p2p=node._p2p)
         self.comm, self.node, self.topology = comm, node, comm.topology
-        # where sub-groups meet: the meeting, this group's label, the node's secret (sub-groups
-        # inside the node share its segment's trust) and how new secrets are made
-        self._meeting, self._label, self._secret, self._secret_fn = meeting, label, secret, secret_fn
+        # where sub-groups across nodes meet: the meeting, this group's label and how new secrets
+        # are made (sub-groups inside the node derive from its group, with its secret)
+        self._meeting, self._label, self._secret_fn = meeting, label, secret_fn
 
     def __repr__(self) -> str:
         return (f"<shmcomm.HierarchicalGroup {self._name} rank={self.rank} size={self.size} "
@@ -58,12 +58,9 @@ class HierarchicalGroup(EngineGroup):
         if self.rank not in members:
             return None
         if len({self.topology.node_of[g] for g in members}) == 1:  # a part of this node's job
-            node = self.node._comm
             local = [self.topology.local_of[g] for g in members]
-            comm = _core.Communicator(node.job, node.derived_part(f"g{index}"), members.index(self.rank),
-                                      len(members), timeout, secret=self._secret,
-                                      watch=lambda: node.check_alive(local))
-            return ProcessGroup(comm, members, f"{node.job}.g{index}")
+            comm = self.node._comm.derive(f"g{index}", local, timeout)
+            return ProcessGroup(comm, members, f"{comm.job}.g{index}")
         sub = build(self._meeting.among(f"g{index}", members), timeout, f"{self._label}.g{index}",
                     self._secret_fn)
         assert sub is not None, "members on several nodes"
@@ -127,7 +124,7 @@ def build(meeting: Meeting, timeout: float, label: str, secret_fn=None) -> Hiera
         node.destroy()
         raise
     hcomm = HierarchicalComm(topology, rank, comm, rail, world)
-    return HierarchicalGroup(hcomm, node, f"{label}.h", meeting, label, secret, secret_fn)
+    return HierarchicalGroup(hcomm, node, f"{label}.h", meeting, label, secret_fn)
 
 
 def start(name: str | None, timeout: float | None) -> ProcessGroup | None:

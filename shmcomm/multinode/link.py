@@ -204,9 +204,10 @@ def descriptor(kind: str, a: np.ndarray | None = None, op: int = -1, root: int =
     return np.array([KINDS.index(kind), code, nbytes, op, root], np.int64)
 
 
-def check_same(rows: np.ndarray) -> None:
+def check_same(rows: np.ndarray, who: str = "ranks on different nodes", unit: str = "link rank") -> None:
     """CollectiveMismatchError naming every rank's call unless all ``rows`` (one ``descriptor``
-    per link rank) are equal: raised on every rank of the link, as on one node.
+    per link rank) are equal: raised on every rank of the link, as on one node. ``who`` and
+    ``unit`` word the message (the NUMA composition's check says "rank").
 
     Example::
 
@@ -218,9 +219,9 @@ def check_same(rows: np.ndarray) -> None:
 
     names = {zlib.crc32(name.encode()): name for name in DTYPE_NAMES}
     names.update({_dtype_code(np.dtype(n)): n for n in DTYPE_NAMES if n != "bfloat16"})
-    lines = [f"link rank {q}: {_describe(row.tolist(), names)}" for q, row in enumerate(rows)]
-    raise CollectiveMismatchError("ranks on different nodes called different collectives or "
-                                  "arguments:\n  " + "\n  ".join(lines))
+    lines = [f"{unit} {q}: {_describe(row.tolist(), names)}" for q, row in enumerate(rows)]
+    raise CollectiveMismatchError(f"{who} called different collectives or arguments:\n  "
+                                  + "\n  ".join(lines))
 
 
 def _describe(row: list[int], dtype_names: dict[int, str]) -> str:

@@ -1,15 +1,17 @@
-"""The features that depend on how ranks met, run by one rank: shared arrays (zero copy), a
-sub-group and RPC. ``main(rank, size, job)`` returns a summary line; every check raises.
+"""The features that depend on how ranks met, run by one rank: shared arrays (zero copy), the
+NUMA composition's groups, a sub-group and RPC. ``main(rank, size, job)`` returns a summary line; every check raises.
 
 Run by tests/test_start_modes.py under each way users start ranks: shmrun, torchrun, sc.spawn,
 multiprocessing with explicit arguments and no shared secret, and processes started by hand.
 """
 import operator
+import os
 import sys
 
 import numpy as np
 
 import shmcomm as sc
+from shmcomm import group
 
 
 def main(rank: int, size: int, job: str | None) -> str:
@@ -23,6 +25,13 @@ def main(rank: int, size: int, job: str | None) -> str:
     whole = sc.zeros(1000 * size, np.int64)
     sc.all_gather_into(whole, np.full(1000, rank, np.int64))
     assert (whole == np.repeat(np.arange(size), 1000)).all()
+    # a private array's all_reduce, inside each (simulated) NUMA node first: groups made through
+    # the default group's segment, as sub-groups are
+    w = np.full(300, float(rank))
+    sc.all_reduce(w)
+    assert (w == sum(range(size))).all(), w[:4]
+    if os.environ.get("SHMCOMM_SIMULATE_NUMA") == "2" and size == 4:
+        assert group.default_group()._comm.composite.calls == 1
     # a sub-group of every other rank, in reverse order
     members = list(range(size))[::-2]
     sub = sc.new_group(members)

@@ -1,0 +1,184 @@
+"""Large all_reduce on a machine with several NUMA nodes: reduce inside each NUMA node first, as
+Open MPI's HAN and coll/xhc do, so that only 1/L of the data crosses between nodes (L ranks per
+NUMA node) instead of about half of it.
+
+A group gets the composition when its ranks are each bound inside one NUMA node (``shmrun
+--bind-to numa`` or ``core``, ``taskset``, ``numactl``), the nodes hold the same number of ranks,
+two or more each, and there are two nodes or more; ``SHMCOMM_SIMULATE_NUMA=K`` (testing) makes
+K blocks of consecutive ranks act as NUMA nodes on any machine. Then all_reduce of private arrays
+of ``SHMCOMM_NUMA_BYTES`` (1 MiB) and more runs, as one operation of the group's progress engine:
+
+1. a check on the whole group that every rank called the same all_reduce (a rank that took the
+   flat path instead meets it there, and both raise CollectiveMismatchError);
+2. reduce-scatter inside each NUMA node (its own shared-memory group);
+3. all_reduce of each shard along its *rail* (the ranks of one local index, one per node);
+4. all-gather inside each NUMA node.
+
+Those are the multi-node composition's steps (``shmcomm.multinode.compose``), with shared-memory
+groups for both levels. Every rank gets the same bits (each level reduces in one fixed order),
+not the flat path's: the order of the sum differs. ``sc.empty`` arrays keep the flat zero-copy
+path, and smaller messages the flat paths: below a megabyte the composition's extra steps cost
+more than the traffic it saves. Not yet measured on a machine with several NUMA nodes.
+
+Example::
+
+    SHMCOMM_SIMULATE_NUMA=2 shmrun -n 4 python train.py     # 2 simulated NUMA nodes of 2 ranks
+    pg._comm.composite.calls                                 # all_reduce calls it ran
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import numpy as np
+
+import shmcomm._core as _core
+from shmcomm.errors import AbortedError, PeerFailureError
+from shmcomm.launcher.cpus import cpu_domains
+from shmcomm.settings import find, read_int
+
+__all__ = ["NumaComm", "attach", "install", "machine_numa_nodes", "rank_numa_node"]
+
+_PEER_DIED = f"{PeerFailureError.__name__} on rank"  # how an abort's reason names a death
+
+
+@functools.lru_cache(maxsize=None)
+def machine_numa_nodes() -> int:
+    """How many NUMA nodes of this machine have CPUs (1 without that information in sysfs).
+
+    Example::
+
+        machine_numa_nodes()   # 1 on most laptops and small VMs, 2 on a two-socket server
+    """
+    return len(cpu_domains("numa", usable=list(range(os.cpu_count() or 1))))
+
+
+def rank_numa_node() -> int:
+    """The NUMA node this thread may run on, if its CPU affinity lies inside one; else -1
+    (unbound: the scheduler may move it, and its memory, to any node).
+
+    Example::
+
+        rank_numa_node()   # 1 under shmrun --bind-to numa on rank 1 of a two-socket server
+    """
+    domains = cpu_domains("numa")
+    return domains[0][0] if len(domains) == 1 else -1
+
+
+def attach(comm: _core.Communicator) -> NumaComm | None:
+    """Give ``comm`` the NUMA composition for its large all_reduce, where it applies (see the
+    module's text): then its groups per NUMA node and per rail are made and the composition
+    returned, else None. Collective over ``comm``'s ranks (they agree: every input is the same
+    on every rank or exchanged).
+
+    Example::
+
+        numa = attach(comm)     # None on a machine with one NUMA node
+    """
+    size = comm.size
+    threshold = _core.group_settings(size, comm.threads_per_rank)["numa_bytes"]
+    simulated = read_int(find("SHMCOMM_SIMULATE_NUMA"), 1)
+    if size < 4 or threshold == 0:
+        return None
+    if simulated > 1:
+        nodes = [r * simulated // size for r in range(size)]
+    elif machine_numa_nodes() > 1:
+        every = np.empty(size, np.int64)
+        comm.all_gather_into(every, np.array([rank_numa_node()], np.int64))
+        nodes = every.tolist()
+        if -1 in nodes:
+            return None
+    else:
+        return None
+    return install(comm, nodes, threshold)
+
+
+def install(comm: _core.Communicator, nodes: list[int], threshold: int) -> NumaComm | None:
+    """``attach``'s second half: with rank r of ``comm`` on NUMA node ``nodes[r]`` (the same list
+    on every rank), make the groups of each node and rail and give ``comm`` the composition from
+    ``threshold`` bytes; None when the layout has no use for it (one node, nodes of different
+    sizes, or of one rank each). Collective. Tests call it to place ranks as they like.
+
+    Example::
+
+        install(comm, [0, 1, 0, 1], 1 << 20)   # shmrun --bind-to numa's round robin, 2 nodes
+    """
+    from shmcomm.multinode.topology import Topology
+
+    topology = Topology([f"NUMA node {n}" for n in nodes])
+    if len(topology.nodes) < 2 or not topology.even or len(topology.nodes[0]) < 2:
+        return None
+    node_index, local = topology.node_of[comm.rank], topology.local_of[comm.rank]
+    assert topology.rails is not None  # even
+    node = comm.derive(f"numa{node_index}", topology.nodes[node_index])
+    try:
+        rail = comm.derive(f"rail{local}", topology.rails[local])
+    except BaseException:
+        node.close()
+        raise
+    numa = NumaComm(comm, topology, node, rail)
+    comm.composite, comm.composite_bytes = numa, threshold
+    return numa
+
+
+class NumaComm:
+    """The NUMA composition of one group's large all_reduce (``attach`` makes it): ``comm``, the
+    whole group; ``node``, this rank's NUMA node's group; ``rail``, the group of this rank's
+    local index on every node. ``comm`` calls its ``all_reduce``, ``abort`` and ``close``.
+
+    Example::
+
+        pg._comm.composite.calls     # all_reduce calls that went this way
+    """
+
+    def __init__(self, comm: _core.Communicator, topology: Any, node: _core.Communicator,
+                 rail: _core.Communicator):
+        from shmcomm.multinode.compose import HierarchicalComm
+
+        self.topology = topology
+        self._comm, self._node, self._rail = comm, node, rail
+        # the multi-node composition's steps, both levels shared memory: always by shards
+        self._steps = HierarchicalComm(topology, comm.rank, node, rail, None, leaders_bytes=0)
+        self.calls = 0
+
+    def all_reduce(self, array: Any, op: int, async_op: bool, factor: float):
+        """Run ``array``'s all_reduce as the composition, in issue order on the group's engine."""
+        from shmcomm.multinode.compose import flat
+
+        try:
+            a = flat(array, writable=True)
+        except TypeError:  # a torch bfloat16 tensor without ml_dtypes installed: the flat paths
+            return self._comm.all_reduce_flat(array, op, async_op, factor)
+        return self._comm.submit(self._run, (a, op, factor), [array], async_op)
+
+    def _run(self, a: np.ndarray, op: int, factor: float) -> None:
+        from shmcomm.multinode.link import check_same, descriptor
+
+        rows = np.empty((self._comm.size, 5), np.int64)
+        self._comm.all_gather_into(rows, descriptor("all_reduce", a, op))
+        check_same(rows, "ranks of a group that reduces inside NUMA nodes first", "rank")
+        try:
+            self._steps.all_reduce_steps(a, op, factor)
+        except BaseException as exc:
+            # peers may wait in a step this rank will not reach: wake them with the cause
+            self._comm.abort(f"{type(exc).__name__} on rank {self._comm.rank} (all_reduce "
+                             f"inside NUMA nodes): {str(exc)[:400]}")
+            if isinstance(exc, AbortedError) and _PEER_DIED in str(exc):
+                # woken by a peer that saw a rank die: the same error as on the flat paths
+                raise PeerFailureError(str(exc)) from exc
+            raise
+        self.calls += 1
+
+    def abort(self, reason: str | None) -> None:
+        """Abort both levels' groups (the whole group's abort calls it)."""
+        self._node.abort(reason)
+        self._rail.abort(reason)
+
+    def close(self) -> None:
+        """Leave both levels' groups (the whole group's close calls it)."""
+        try:
+            self._node.close()
+        finally:
+            self._rail.close()

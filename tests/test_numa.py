@@ -1,0 +1,256 @@
+"""all_reduce inside each NUMA node first (shmcomm/numa.py), on a forced topology: this machine has
+one NUMA node, so ``SHMCOMM_SIMULATE_NUMA=K`` makes blocks of consecutive ranks act as nodes, and
+``numa.install`` places ranks round robin as ``shmrun --bind-to numa`` does. A low
+``SHMCOMM_NUMA_BYTES`` sends small arrays through the composition. Results are compared bit for
+bit with numpy reducing in the composition's order (each node in rank order, then the nodes in
+order), on every rank."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from harness import RankFailed, run_ranks
+from reference import BFLOAT16, DTYPES, FACTORS, assert_same_bits, kernel_ops_for, make_input, \
+    reduce_reference
+
+# every array of 64 bytes or more goes through the composition
+SIMULATED = {"SHMCOMM_SIMULATE_NUMA": "2", "SHMCOMM_NUMA_BYTES": "64"}
+
+
+def staged_reference(inputs: list[np.ndarray], nodes: list[list[int]], op: str) -> np.ndarray:
+    """The composition's result: each node's ranks reduced in rank order (SUM for AVG; each
+    rank's factor for PREMUL_SUM), rounded to the dtype, then the nodes' results in node order
+    (SUM for AVG and PREMUL_SUM), then AVG's one division by the number of ranks."""
+    local = "SUM" if op == "AVG" else op
+    cross = "SUM" if op in ("AVG", "PREMUL_SUM") else op
+    per_node = [reduce_reference([inputs[r] for r in node], local,
+                                 factors=[FACTORS[r % len(FACTORS)] for r in node]) for node in nodes]
+    total = reduce_reference(per_node, cross)
+    if op != "AVG":
+        return total
+    n = len(inputs)
+    if total.dtype.kind in "iu":
+        return reduce_reference([total], "AVG") if n == 1 else np.array(
+            [(abs(int(v)) // n) * (-1 if v < 0 else 1) for v in total], dtype=total.dtype)
+    if total.dtype.itemsize <= 2 and total.dtype.kind != "c":  # float16, bfloat16: in float32
+        return (total.astype(np.float32) / np.float32(n)).astype(total.dtype)
+    return np.divide(total, total.dtype.type(n)).astype(total.dtype)
+
+
+def _every_dtype_and_op(rank, size, counts):
+    from shmcomm import _core, group
+
+    comm = group.default_group()._comm
+    numa = comm.composite
+    assert numa is not None, "no composition on a simulated topology"
+    before, checked = numa.calls, 0
+    for dtype in DTYPES:
+        for op in kernel_ops_for(dtype):
+            for count in counts:
+                x = make_input(dtype, count, rank)
+                factor = FACTORS[rank % len(FACTORS)] if op == "PREMUL_SUM" else 1.0
+                comm.all_reduce(x, _core.OP_NAMES.index(op), False, factor)
+                inputs = [make_input(dtype, count, r) for r in range(size)]
+                assert_same_bits(x, staged_reference(inputs, numa.topology.nodes, op),
+                                 f"{dtype} {op} count={count}")
+                checked += 1
+    assert numa.calls - before == checked, (numa.calls - before, checked)
+    return checked
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("size,nodes", [(4, 2), (6, 2), (6, 3)])
+def test_every_dtype_and_op_matches_numpy_in_the_composition_order(size, nodes):
+    """Nodes of 2 and of 3 ranks (a count the node's ranks do not divide: uneven shards)."""
+    env = dict(SIMULATED, SHMCOMM_SIMULATE_NUMA=str(nodes))
+    assert run_ranks(_every_dtype_and_op, size, (97, 1001), env=env, timeout=200)[0] > 100
+
+
+def _large(rank, size):
+    import shmcomm as sc
+    from shmcomm import group
+
+    numa = group.default_group()._comm.composite
+    # past the 1 MiB slot (the node's pipelined path) and odd
+    for count, op in ((600_000, "SUM"), (600_001, "AVG")):
+        x = make_input(np.dtype(np.float32), count, rank)
+        sc.all_reduce(x, op=op.lower())
+        inputs = [make_input(np.dtype(np.float32), count, r) for r in range(size)]
+        assert_same_bits(x, staged_reference(inputs, numa.topology.nodes, op), f"{op} {count}")
+    return numa.calls
+
+
+@pytest.mark.timeout(120)
+def test_large_arrays_with_the_default_threshold():
+    env = {"SHMCOMM_SIMULATE_NUMA": "2"}  # SHMCOMM_NUMA_BYTES's default: 1 MiB
+    assert run_ranks(_large, 4, env=env, timeout=100) == [2] * 4
+
+
+def _round_robin(rank, size):
+    from shmcomm import _core, group, numa
+
+    comm = group.default_group()._comm
+    assert comm.composite is None  # one NUMA node here, and no simulation asked for
+    got = numa.install(comm, [r % 2 for r in range(size)], 64)
+    assert got is comm.composite and got.topology.nodes == [[0, 2], [1, 3]]
+    for dtype in (np.dtype(np.float32), np.dtype(np.int32)):
+        for op in ("SUM", "MAX", "AVG"):
+            x = make_input(dtype, 333, rank)
+            comm.all_reduce(x, _core.OP_NAMES.index(op))
+            inputs = [make_input(dtype, 333, r) for r in range(size)]
+            assert_same_bits(x, staged_reference(inputs, got.topology.nodes, op), f"{dtype} {op}")
+    return got.calls
+
+
+@pytest.mark.timeout(90)
+def test_nodes_of_interleaved_ranks_as_shmrun_binds_them():
+    assert run_ranks(_round_robin, 4, timeout=60) == [6] * 4
+
+
+def _which_path(rank, size):
+    import shmcomm as sc
+    from shmcomm import group
+
+    comm = group.default_group()._comm
+    numa = comm.composite
+    sc.all_reduce(np.ones(7, np.float64))  # 56 bytes: below the threshold, flat
+    assert numa.calls == 0
+    shared = sc.empty(70_000, np.float32)  # sc.empty past 256 KiB: the flat zero-copy path
+    shared[...] = rank
+    zero_copy = comm.zero_copy_calls
+    sc.all_reduce(shared)
+    assert numa.calls == 0 and comm.zero_copy_calls == zero_copy + 1
+    assert (shared == sum(range(size))).all()
+    # issue order holds between composed and flat calls on the same memory
+    xs = [np.full(500, float(rank + i)) for i in range(3)]
+    works = []
+    for x in xs:
+        works.append(sc.all_reduce(x, async_op=True))      # composed
+        works.append(sc.all_reduce(x[:4], async_op=True))  # flat, on the composed result
+    for w in works:
+        w.wait()
+    for i, x in enumerate(xs):
+        s = sum(r + i for r in range(size))
+        assert (x[4:] == s).all() and (x[:4] == size * s).all(), (i, x[:6])
+    assert numa.calls == 3
+    # a sub-group of the whole group composes too; one of two ranks does not
+    sub = sc.new_group(list(range(size)))
+    y = np.full(100, 1.0)
+    sc.all_reduce(y, group=sub)
+    assert sub._comm.composite.calls == 1 and (y == size).all()
+    pair = sc.new_group([0, 1])
+    if pair is not None:
+        assert pair._comm.composite is None
+    return True
+
+
+@pytest.mark.timeout(90)
+def test_small_and_shared_arrays_stay_flat_and_issue_order_holds():
+    assert run_ranks(_which_path, 4, env=SIMULATED, timeout=60) == [True] * 4
+
+
+def _layout_with_no_use(rank, size):
+    from shmcomm import group
+
+    return group.default_group()._comm.composite is None
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("size,nodes", [(3, 2), (4, 3), (4, 4), (5, 2)])
+def test_no_composition_for_uneven_nodes_or_nodes_of_one_rank(size, nodes):
+    env = dict(SIMULATED, SHMCOMM_SIMULATE_NUMA=str(nodes))
+    assert run_ranks(_layout_with_no_use, size, env=env, timeout=60) == [True] * size
+
+
+def _mismatch(rank, size, kind):
+    import shmcomm as sc
+
+    t0 = time.monotonic()
+    try:
+        if kind == "size":  # rank 0 composes, the others take the flat one-shot path
+            sc.all_reduce(np.ones(100 if rank == 0 else 4))
+        else:  # everyone composes, with different ops
+            sc.all_reduce(np.ones(100), op="sum" if rank == 0 else "max")
+    except sc.CollectiveMismatchError as e:
+        return time.monotonic() - t0, str(e)
+    return None
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("kind", ["size", "op"])
+def test_a_mismatch_is_named_at_once(kind):
+    env = dict(SIMULATED, SHMCOMM_TIMEOUT="30")
+    results = run_ranks(_mismatch, 4, kind, env=env, timeout=60)
+    for got in results:
+        assert got is not None, results
+        elapsed, text = got
+        assert elapsed < 10, got
+        assert "all_reduce" in text, text
+
+
+def _torch(rank, size, store):
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("shmcomm", init_method=f"file://{store}", rank=rank, world_size=size)
+    try:
+        comm = dist.group.WORLD._get_backend(torch.device("cpu"))._comm
+        nodes = comm.composite.topology.nodes
+        for dtype, np_dtype in ((torch.float32, np.dtype(np.float32)), (torch.bfloat16, BFLOAT16)):
+            for op, name in ((dist.ReduceOp.SUM, "SUM"), (dist.ReduceOp.AVG, "AVG")):
+                x = make_input(np_dtype, 1001, rank)
+                t = torch.from_numpy(x.astype(np.float32)).to(dtype)
+                dist.all_reduce(t, op=op)
+                got = t.float().numpy().astype(np_dtype)
+                inputs = [make_input(np_dtype, 1001, r) for r in range(size)]
+                assert_same_bits(got, staged_reference(inputs, nodes, name), f"{dtype} {name}")
+        t = torch.from_numpy(make_input(np.dtype(np.float32), 1001, rank))
+        dist.all_reduce(t, op=dist._make_nccl_premul_sum(FACTORS[rank]))
+        inputs = [make_input(np.dtype(np.float32), 1001, r) for r in range(size)]
+        assert_same_bits(t.numpy(), staged_reference(inputs, nodes, "PREMUL_SUM"), "PREMUL_SUM")
+        return comm.composite.calls
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(120)
+def test_the_torch_backend_composes_too(tmp_path):
+    pytest.importorskip("torch")
+    if BFLOAT16 is None:
+        pytest.skip("ml_dtypes is not installed")
+    got = run_ranks(_torch, 4, str(tmp_path / "store"), init=False, env=SIMULATED, timeout=100)
+    assert got == [5] * 4
+
+
+def _killed(rank, size):
+    import os
+    import signal
+
+    import shmcomm as sc
+
+    x = np.ones(1 << 16)
+    t0 = time.monotonic()
+    try:
+        for i in range(100_000):
+            if rank == 3 and i == 50:
+                os.kill(os.getpid(), signal.SIGKILL)
+            sc.all_reduce(x)
+            x[...] = 1
+    except sc.PeerFailureError as e:
+        return time.monotonic() - t0, str(e)
+    return None
+
+
+@pytest.mark.timeout(90)
+def test_a_rank_killed_mid_composition_is_a_peer_failure_at_once():
+    env = dict(SIMULATED, SHMCOMM_TIMEOUT="60")
+    try:
+        results = run_ranks(_killed, 4, env=env, timeout=60, expect_dead=(3,))
+    except RankFailed as e:
+        raise AssertionError(str(e)) from None
+    for got in results[:3]:
+        assert got is not None and got[0] < 15, results
