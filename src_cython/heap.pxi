@@ -81,7 +81,8 @@ cdef _alloc_shared(Communicator self, size_t nbytes_per_rank):
             seg.unlink_name()  # every rank (a unique name): it outlives none of them
         except BaseException:
             if self.rank != 0 and made >= 0 and _peer_dead(self, 0):
-                _remove_heap_name(name, self.cb(0).desc[made][D_ALLOC_NONCE])
+                # rank 0 died with the heap named (only it would have removed the name)
+                _unlink_name_if_nonce(name, _HEAP_NONCE_AT, self.cb(0).desc[made][D_ALLOC_NONCE])
             raise
         finally:
             if seg is not None and self.rank == 0:
@@ -110,18 +111,3 @@ cdef uint64_t _find_heap(Communicator self, char *ptr, size_t nbytes, uint64_t *
     off[0] = 0
     stride_out[0] = 0
     return 0
-
-
-
-cdef _remove_heap_name(str name, uint64_t nonce):
-    """Rank 0 died inside ``empty`` with the heap named (only it would have removed the name):
-    remove the name if it is still that heap (``nonce``)."""
-    cdef Segment seg
-    try:
-        seg = Segment.attach(name)
-    except (ShmcommError, OSError):
-        return  # not ours, or unreadable: leave it
-    if seg is not None and seg.size >= sizeof(capi.shm_heap_header_t) \
-            and (<capi.shm_heap_header_t *>seg.base).magic == SHM_HEAP_MAGIC \
-            and (<capi.shm_heap_header_t *>seg.base).nonce == nonce:
-        seg.unlink_name()

@@ -72,7 +72,7 @@ cdef _verify_peer(Communicator self, int r):
     under us). Cross-memory copies only ever target these pids."""
     from shmcomm.trust import process_identity
     ident = process_identity(self.pids[r])
-    if ident is None and not _pid_alive(self, self.pids[r]):  # it joined, then died
+    if ident is None and not _pid_alive(self.pids[r]):  # it joined, then died
         self.cb(self.rank).state = SHM_RANK_DEPARTED
         raise peer_failure("init_process_group", r, self.pids[r], "died during start-up")
     if ident is None or ident[0] != os.geteuid() or ident[1] != self.cb(r).start_time:
@@ -106,7 +106,7 @@ cdef _attach(Communicator self, str name, double deadline, str host, str boot):
         seg = Segment.attach(name)
         if seg is not None and seg.size >= SHM_HEADER_BYTES:
             hdr = <capi.shm_header_t *>seg.base
-            if capi.shm_load_acquire64(&hdr.magic) == SHM_MAGIC and _pid_alive(self, hdr.creator_pid):
+            if capi.shm_load_acquire64(&hdr.magic) == SHM_MAGIC and _pid_alive(hdr.creator_pid):
                 if hdr.version != SHM_VERSION:
                     raise ShmcommError(f"segment {name} has layout version {hdr.version}, this "
                                        f"shmcomm uses {SHM_VERSION}: mixed shmcomm versions?")
@@ -133,7 +133,7 @@ cdef _attach(Communicator self, str name, double deadline, str host, str boot):
                 # Rank 0 died before every rank attached (SIGKILL during start-up): nobody
                 # else would remove its segment. Remove it (if the name still is that one,
                 # not a restarted rank 0's) and wait for a new rank 0.
-                _remove_if_same(self, name, hdr.nonce)
+                _unlink_name_if_nonce(name, _GROUP_NONCE_AT, hdr.nonce)
         seg = None
         if self.watch is not None:
             self.watch()
@@ -164,15 +164,7 @@ cdef _remove_stale(Communicator self, str name):
 
 
 
-cdef _remove_if_same(Communicator self, str name, uint64_t nonce):
-    cdef Segment again = Segment.attach(name)
-    if again is not None and again.size >= SHM_HEADER_BYTES \
-            and (<capi.shm_header_t *>again.base).nonce == nonce:
-        again.unlink_name()
-
-
-
-cdef bint _pid_alive(Communicator self, int pid):
+cdef bint _pid_alive(int pid):
     return pid > 0 and (kill(pid, 0) == 0 or errno != ESRCH)
 
 
@@ -203,7 +195,7 @@ cdef _check_joined_alive(Communicator self):
         if r == self.rank:
             continue
         state = capi.shm_load_acquire(&self.cb(r).state)
-        if state == SHM_RANK_ATTACHED and not _pid_alive(self, self.cb(r).pid):
+        if state == SHM_RANK_ATTACHED and not _pid_alive(self.cb(r).pid):
             raise peer_failure("init_process_group", r, self.cb(r).pid, "died during start-up")
         if state == SHM_RANK_DEPARTED and gave_up is None:
             gave_up = r
@@ -222,7 +214,7 @@ cdef _wait_all_attached(Communicator self, double deadline):
         if got:
             return
         PyErr_CheckSignals()
-        if not _pid_alive(self, self.hdr.creator_pid):
+        if not _pid_alive(self.hdr.creator_pid):
             raise peer_failure("init_process_group", 0, self.hdr.creator_pid, "died during start-up")
         if self.watch is not None:  # first: a member's death is why others give up
             self.watch()

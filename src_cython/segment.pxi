@@ -53,8 +53,9 @@ cdef class Segment:
         except OSError as e:
             if e.errno not in (errno_mod.EOPNOTSUPP, errno_mod.EISDIR, errno_mod.EINVAL):
                 raise ShmcommError(f"cannot create shared segment {name}: {e.strerror}") from None
+        cdef bint unnamed = fd >= 0
         cdef bytes bname = name.encode()
-        if fd < 0:  # no unnamed files here: name it now (a kill before its header stays possible)
+        if not unnamed:  # no unnamed files here: name it now (a kill before its header stays possible)
             fd = capi.shm_open(bname, capi.O_RDWR | capi.O_CREAT | capi.O_EXCL, 0o600)
             if fd < 0:
                 err = errno
@@ -64,11 +65,15 @@ cdef class Segment:
                 raise ShmcommError(f"cannot create shared segment {name}: {_os_error_text(err)}")
         cdef Segment seg = Segment.__new__(Segment)
         seg.name = name
-        if os.fstat(fd).st_nlink == 0:  # unnamed: publish links it, nothing to unlink until then
-            seg.unnamed_fd = os.dup(fd)
-        else:
-            seg.unlinked = False
-        os.fchmod(fd, 0o600)  # exactly 0600 whatever the umask: attach checks the mode
+        seg.unlinked = unnamed  # unnamed: publish links it, nothing to unlink until then
+        try:
+            if unnamed:
+                seg.unnamed_fd = os.dup(fd)
+            os.fchmod(fd, 0o600)  # exactly 0600 whatever the umask: attach checks the mode
+        except OSError as e:
+            close(fd)
+            seg.unlink()
+            raise ShmcommError(f"cannot create shared segment {name}: {e.strerror}") from None
         rc = ftruncate(fd, size)
         if rc == 0:
             rc = capi.posix_fallocate(fd, 0, size)  # returns the error number itself
@@ -198,3 +203,24 @@ def _shm_free_bytes():
         return st.f_bavail * st.f_frsize
     except OSError:
         return -1
+
+
+# Where each kind of segment keeps its nonce (a random number fixed at creation): a name can be
+# taken over by a successor, and only the segment a rank saw may have its name removed.
+cdef capi.shm_header_t _group_probe
+cdef capi.shm_heap_header_t _heap_probe
+cdef size_t _GROUP_NONCE_AT = <size_t>(<char *>&_group_probe.nonce - <char *>&_group_probe)
+cdef size_t _HEAP_NONCE_AT = <size_t>(<char *>&_heap_probe.nonce - <char *>&_heap_probe)
+
+
+cdef _unlink_name_if_nonce(str name, size_t at, uint64_t nonce):
+    """Remove ``name`` from /dev/shm if the segment it names still holds ``nonce`` at byte ``at``:
+    the one whose creator died before removing it, not a successor under the same name. A
+    segment that cannot be read, or is not this user's, is left alone."""
+    cdef Segment seg
+    try:
+        seg = Segment.attach(name)
+    except (ShmcommError, OSError):
+        return
+    if seg is not None and seg.size >= at + sizeof(uint64_t) and (<uint64_t *>(seg.base + at))[0] == nonce:
+        seg.unlink_name()
