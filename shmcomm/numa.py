@@ -44,18 +44,22 @@ __all__ = ["NumaComm", "attach", "install", "machine_numa_nodes", "rank_numa_nod
 _PEER_DIED = f"{PeerFailureError.__name__} on rank"  # how an abort's reason names a death
 
 
+# where the CPU topology is read (tests point it at a made-up tree)
+SYSFS = "/sys"
+
+
 @functools.lru_cache(maxsize=None)
-def machine_numa_nodes() -> int:
+def machine_numa_nodes(sysfs: str = SYSFS) -> int:
     """How many NUMA nodes of this machine have CPUs (1 without that information in sysfs).
 
     Example::
 
         machine_numa_nodes()   # 1 on most laptops and small VMs, 2 on a two-socket server
     """
-    return len(cpu_domains("numa", usable=list(range(os.cpu_count() or 1))))
+    return len(cpu_domains("numa", usable=list(range(os.cpu_count() or 1)), root=sysfs))
 
 
-def rank_numa_node() -> int:
+def rank_numa_node(sysfs: str = SYSFS) -> int:
     """The NUMA node this thread may run on, if its CPU affinity lies inside one; else -1
     (unbound: the scheduler may move it, and its memory, to any node).
 
@@ -63,7 +67,7 @@ def rank_numa_node() -> int:
 
         rank_numa_node()   # 1 under shmrun --bind-to numa on rank 1 of a two-socket server
     """
-    domains = cpu_domains("numa")
+    domains = cpu_domains("numa", root=sysfs)
     return domains[0][0] if len(domains) == 1 else -1
 
 
@@ -84,9 +88,9 @@ def attach(comm: _core.Communicator) -> NumaComm | None:
         return None
     if simulated > 1:
         nodes = [r * simulated // size for r in range(size)]
-    elif machine_numa_nodes() > 1:
+    elif machine_numa_nodes(SYSFS) > 1:
         every = np.empty(size, np.int64)
-        comm.all_gather_into(every, np.array([rank_numa_node()], np.int64))
+        comm.all_gather_into(every, np.array([rank_numa_node(SYSFS)], np.int64))
         nodes = every.tolist()
         if -1 in nodes:
             return None

@@ -254,3 +254,82 @@ def test_a_rank_killed_mid_composition_is_a_peer_failure_at_once():
         raise AssertionError(str(e)) from None
     for got in results[:3]:
         assert got is not None and got[0] < 15, results
+
+
+def _fake_sysfs(root, nodes: dict[int, str]) -> str:
+    for node, cpus in nodes.items():
+        d = root / "devices" / "system" / "node" / f"node{node}"
+        d.mkdir(parents=True)
+        (d / "cpulist").write_text(cpus + "\n")
+    return str(root)
+
+
+def test_a_rank_is_on_a_numa_node_only_when_bound_inside_one(tmp_path):
+    """The topology as sysfs tells it: two nodes of one CPU each (this machine's CPUs 0 and 1)."""
+    import os
+
+    from shmcomm import numa
+
+    sysfs = _fake_sysfs(tmp_path, {0: "0", 1: "1"})
+    assert numa.machine_numa_nodes(sysfs) == 2
+    assert numa.machine_numa_nodes(_fake_sysfs(tmp_path / "one", {0: "0-1"})) == 1
+    allowed = os.sched_getaffinity(0)
+    try:
+        for cpu in sorted(allowed & {0, 1}):
+            os.sched_setaffinity(0, {cpu})
+            assert numa.rank_numa_node(sysfs) == cpu
+        if {0, 1} <= allowed:
+            os.sched_setaffinity(0, {0, 1})
+            assert numa.rank_numa_node(sysfs) == -1  # free to run on both: unbound
+    finally:
+        os.sched_setaffinity(0, allowed)
+
+
+def _bound_ranks(rank, size, sysfs):
+    import os
+
+    import shmcomm as sc
+    from shmcomm import group, numa
+
+    numa.SYSFS = sysfs
+    cpu = sorted(os.sched_getaffinity(0))[rank % 2]
+    os.sched_setaffinity(0, {cpu})  # as shmrun --bind-to numa binds them: round robin
+    sc.init_process_group(rank=rank, world_size=size, name=os.environ["TEST_JOB"], timeout=30)
+    comm = group.default_group()._comm
+    x = np.full(1000, float(rank))
+    sc.all_reduce(x)
+    assert (x == sum(range(size))).all()
+    return comm.composite.topology.nodes, comm.composite.calls
+
+
+@pytest.mark.timeout(90)
+def test_ranks_bound_to_two_numa_nodes_compose_on_their_own(tmp_path):
+    """No simulation: ranks bound one per CPU, on a machine whose (made-up) sysfs says each CPU
+    is a NUMA node, find their nodes, exchange them and compose."""
+    import os
+    import uuid
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two usable CPUs")
+    first, second = sorted(os.sched_getaffinity(0))[:2]
+    sysfs = _fake_sysfs(tmp_path, {0: str(first), 1: str(second)})
+    job = f"test-numa-{uuid.uuid4().hex[:8]}"
+    got = run_ranks(_bound_ranks, 4, sysfs, init=False, job=job, timeout=60,
+                    env={"SHMCOMM_NUMA_BYTES": "64", "TEST_JOB": job})
+    assert got == [([[0, 2], [1, 3]], 1)] * 4
+
+
+@pytest.mark.timeout(120)
+def test_the_benchmark_compares_both_paths_on_a_simulated_topology():
+    import pathlib
+    import subprocess
+    import sys
+
+    script = pathlib.Path(__file__).resolve().parents[1] / "bench" / "bench_numa.py"
+    done = subprocess.run([sys.executable, str(script), "-n", "4", "--simulate", "2", "--rounds", "1",
+                           "--sizes", "64K,1M"], capture_output=True, text=True, timeout=110)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "# NUMA nodes' ranks: [[0, 1], [2, 3]]" in done.stdout, done.stdout
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| 65536 |")
+            or line.startswith("| 1048576 |")]
+    assert len(rows) == 2 and all(float(r.split("|")[4]) > 0 for r in rows), done.stdout

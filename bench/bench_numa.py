@@ -1,0 +1,118 @@
+"""all_reduce reduced inside each NUMA node first (shmcomm/numa.py) against the flat paths, on
+ranks that ``shmrun --bind-to numa`` binds round robin to the machine's NUMA nodes.
+
+Each round runs the same job twice, ``SHMCOMM_NUMA_BYTES=0`` (flat) and ``=1`` (every size
+composed, so the table shows where the composition wins), alternating which goes first; a cell is
+the median over rounds of the slowest rank's mean time per call. The table's last column is
+composed / flat: below 1 the composition wins, and ``SHMCOMM_NUMA_BYTES``'s default (1 MiB) should
+sit where it starts to.
+
+On a machine with one NUMA node nothing composes (the script says so); ``--simulate K`` then
+makes K blocks of ranks act as NUMA nodes, unbound, which measures only what the composition
+costs, never what it saves. Private (not ``sc.empty``) float32 arrays, sum.
+
+Examples::
+
+    python bench/bench_numa.py -n 32                    # a two-socket server: 16 ranks per node
+    python bench/bench_numa.py -n 4 --simulate 2 --rounds 1 --sizes 1M,16M   # cost alone, here
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+WORKER = r"""
+import json, statistics, sys, time
+import numpy as np
+import shmcomm as sc
+from shmcomm import group
+
+sc.init_process_group()
+comm = group.default_group()._comm
+rows = []
+for nbytes in map(int, sys.argv[1].split(",")):
+    x = np.ones(max(1, nbytes // 4), np.float32)
+    for _ in range(3):
+        sc.all_reduce(x)
+    iters = max(3, min(200, int(0.2 / max(1e-6, 4e-10 * nbytes * sc.get_world_size()))))
+    reps = []
+    for _ in range(5):
+        sc.barrier()
+        t = time.perf_counter()
+        for _ in range(iters):
+            sc.all_reduce(x)
+        took = np.array([(time.perf_counter() - t) / iters])
+        sc.all_reduce(took, op="max")
+        reps.append(float(took[0]))
+    rows.append([nbytes, statistics.median(reps) * 1e6])
+if sc.get_rank() == 0:
+    numa = comm.composite
+    print("RESULT " + json.dumps({"rows": rows, "nodes": None if numa is None else numa.topology.nodes,
+                                  "composed_calls": 0 if numa is None else numa.calls}), flush=True)
+sc.destroy_process_group()
+"""
+
+
+def parse_size(text: str) -> int:
+    """``64K`` -> 65536."""
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+    return int(text[:-1] if scale != 1 else text) * scale
+
+
+def run(nranks: int, sizes: list[int], numa_bytes: int, simulate: int) -> dict:
+    env = dict(os.environ, SHMCOMM_NUMA_BYTES=str(numa_bytes), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "shmcomm.launch", "-n", str(nranks)]
+    if simulate > 1:
+        env["SHMCOMM_SIMULATE_NUMA"] = str(simulate)
+    else:
+        cmd += ["--bind-to", "numa"]
+    cmd += [sys.executable, "-c", WORKER, ",".join(map(str, sizes))]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    for line in done.stdout.splitlines():  # shmrun prefixes each line with "[rank] "
+        if "RESULT " in line:
+            return json.loads(line.partition("RESULT ")[2])
+    raise SystemExit(f"the job failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-n", "--nranks", type=int, default=os.cpu_count())
+    parser.add_argument("--sizes", default="64K,256K,1M,4M,16M,64M")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--simulate", type=int, default=1, metavar="K",
+                        help="K blocks of ranks act as NUMA nodes (unbound): the cost alone")
+    args = parser.parse_args()
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    from shmcomm.numa import machine_numa_nodes
+
+    print(f"# {args.nranks} ranks, {os.cpu_count()} CPUs, {machine_numa_nodes()} NUMA node(s); "
+          + (f"simulated: {args.simulate} blocks, unbound" if args.simulate > 1 else "shmrun --bind-to numa"))
+    times: dict[str, list[list[float]]] = {"flat": [], "numa": []}
+    nodes = None
+    for r in range(args.rounds):
+        order = [("flat", 0), ("numa", 1)]
+        for name, numa_bytes in (order if r % 2 == 0 else order[::-1]):
+            got = run(args.nranks, sizes, numa_bytes, args.simulate)
+            times[name].append([t for _, t in got["rows"]])
+            if name == "numa":
+                nodes = got["nodes"]
+    if nodes is None:
+        print("# nothing composed: the ranks are not bound to several NUMA nodes in nodes of equal "
+              "size (two ranks or more each); try --simulate 2 to measure the cost alone")
+    else:
+        print(f"# NUMA nodes' ranks: {nodes}")
+    print("| bytes | flat us | inside NUMA nodes first us | ratio |")
+    print("|---|---|---|---|")
+    for i, nbytes in enumerate(sizes):
+        flat = statistics.median(row[i] for row in times["flat"])
+        numa = statistics.median(row[i] for row in times["numa"])
+        print(f"| {nbytes} | {flat:.1f} | {numa:.1f} | {numa / flat:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
