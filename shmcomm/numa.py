@@ -166,12 +166,19 @@ class NumaComm:
         try:
             self._steps.all_reduce_steps(a, op, factor)
         except BaseException as exc:
-            # peers may wait in a step this rank will not reach: wake them with the cause
-            self._comm.abort(f"{type(exc).__name__} on rank {self._comm.rank} (all_reduce "
-                             f"inside NUMA nodes): {str(exc)[:400]}")
+            # Peers may wait in a step this rank will not reach: wake them with the cause. A
+            # death: only the two levels' groups (every rank sees the death on the whole group
+            # itself, so its other operations keep failing as PeerFailureError, not AbortedError).
+            reason = (f"{type(exc).__name__} on rank {self._comm.rank} (all_reduce inside NUMA "
+                      f"nodes): {str(exc)[:400]}")
             if isinstance(exc, AbortedError) and _PEER_DIED in str(exc):
                 # woken by a peer that saw a rank die: the same error as on the flat paths
+                self.abort(reason)
                 raise PeerFailureError(str(exc)) from exc
+            if isinstance(exc, PeerFailureError):
+                self.abort(reason)
+            else:
+                self._comm.abort(reason)
             raise
         self.calls += 1
 
