@@ -1,5 +1,6 @@
-"""all_reduce reduced inside each NUMA node first (shmcomm/numa.py) against the flat paths, on
-ranks that ``shmrun --bind-to numa`` binds round robin to the machine's NUMA nodes.
+"""all_reduce (or ``--collective`` reduce_scatter, all_gather) composed inside each NUMA node first
+(shmcomm/numa.py) against the flat paths, on ranks that ``shmrun --bind-to numa`` binds round
+robin to the machine's NUMA nodes. Sizes are all ranks' data together.
 
 Each round runs the same job twice, ``SHMCOMM_NUMA_BYTES=0`` (flat) and ``=1`` (every size
 composed, so the table shows where the composition wins), alternating which goes first; a cell is
@@ -11,9 +12,15 @@ On a machine with one NUMA node nothing composes (the script says so); ``--simul
 makes K blocks of ranks act as NUMA nodes, unbound, which measures only what the composition
 costs, never what it saves. Private (not ``sc.empty``) float32 arrays, sum.
 
+On a two-socket server the flat paths make every rank read about half its data from the other
+socket; the composition only 1/L of it (L ranks per socket), for about one more pass through
+each socket's own memory: it should win for large messages there. Until it is measured there,
+that is a model, not a result.
+
 Examples::
 
     python bench/bench_numa.py -n 32                    # a two-socket server: 16 ranks per node
+    python bench/bench_numa.py -n 32 --collective reduce_scatter
     python bench/bench_numa.py -n 4 --simulate 2 --rounds 1 --sizes 1M,16M   # cost alone, here
 """
 
@@ -35,17 +42,22 @@ from shmcomm import group
 sc.init_process_group()
 comm = group.default_group()._comm
 rows = []
+collective, n = sys.argv[2], sc.get_world_size()
 for nbytes in map(int, sys.argv[1].split(",")):
-    x = np.ones(max(1, nbytes // 4), np.float32)
+    x = np.ones(max(n, nbytes // 4) // n * n, np.float32)  # all ranks' data: nbytes
+    piece = np.ones(x.size // n, np.float32)
+    call = {"all_reduce": lambda: sc.all_reduce(x),
+            "reduce_scatter": lambda: sc.reduce_scatter_into(piece, x),
+            "all_gather": lambda: sc.all_gather_into(x, piece)}[collective]
     for _ in range(3):
-        sc.all_reduce(x)
+        call()
     iters = max(3, min(200, int(0.2 / max(1e-6, 4e-10 * nbytes * sc.get_world_size()))))
     reps = []
     for _ in range(5):
         sc.barrier()
         t = time.perf_counter()
         for _ in range(iters):
-            sc.all_reduce(x)
+            call()
         took = np.array([(time.perf_counter() - t) / iters])
         sc.all_reduce(took, op="max")
         reps.append(float(took[0]))
@@ -64,14 +76,14 @@ def parse_size(text: str) -> int:
     return int(text[:-1] if scale != 1 else text) * scale
 
 
-def run(nranks: int, sizes: list[int], numa_bytes: int, simulate: int) -> dict:
+def run(nranks: int, sizes: list[int], numa_bytes: int, simulate: int, collective: str) -> dict:
     env = dict(os.environ, SHMCOMM_NUMA_BYTES=str(numa_bytes), OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "shmcomm.launch", "-n", str(nranks)]
     if simulate > 1:
         env["SHMCOMM_SIMULATE_NUMA"] = str(simulate)
     else:
         cmd += ["--bind-to", "numa"]
-    cmd += [sys.executable, "-c", WORKER, ",".join(map(str, sizes))]
+    cmd += [sys.executable, "-c", WORKER, ",".join(map(str, sizes)), collective]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     for line in done.stdout.splitlines():  # shmrun prefixes each line with "[rank] "
         if "RESULT " in line:
@@ -84,20 +96,22 @@ def main() -> None:
     parser.add_argument("-n", "--nranks", type=int, default=os.cpu_count())
     parser.add_argument("--sizes", default="64K,256K,1M,4M,16M,64M")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--collective", default="all_reduce",
+                        choices=["all_reduce", "reduce_scatter", "all_gather"])
     parser.add_argument("--simulate", type=int, default=1, metavar="K",
                         help="K blocks of ranks act as NUMA nodes (unbound): the cost alone")
     args = parser.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     from shmcomm.numa import machine_numa_nodes
 
-    print(f"# {args.nranks} ranks, {os.cpu_count()} CPUs, {machine_numa_nodes()} NUMA node(s); "
+    print(f"# {args.collective}, {args.nranks} ranks, {os.cpu_count()} CPUs, {machine_numa_nodes()} NUMA node(s); "
           + (f"simulated: {args.simulate} blocks, unbound" if args.simulate > 1 else "shmrun --bind-to numa"))
     times: dict[str, list[list[float]]] = {"flat": [], "numa": []}
     nodes = None
     for r in range(args.rounds):
         order = [("flat", 0), ("numa", 1)]
         for name, numa_bytes in (order if r % 2 == 0 else order[::-1]):
-            got = run(args.nranks, sizes, numa_bytes, args.simulate)
+            got = run(args.nranks, sizes, numa_bytes, args.simulate, args.collective)
             times[name].append([t for _, t in got["rows"]])
             if name == "numa":
                 nodes = got["nodes"]

@@ -82,10 +82,11 @@ class Communicator:
     fused_calls: int
     zero_copy_calls: int
     threads_per_rank: int
-    # all_reduce of private arrays from composite_bytes up goes to composite.all_reduce(array,
-    # op, async_op, factor) (shmcomm/numa.py); abort and close reach it too
+    # all_reduce, all_gather_into and reduce_scatter_into of private arrays from composite_bytes
+    # (in all) up go to composite's methods of those names (shmcomm/numa.py); abort and close too
     composite: Any
     composite_bytes: int
+    composite_bf16: bool
     def __init__(self, job: str, part: str, rank: int, size: int, timeout: float,
                  secret: str | bytes | Credentials | None = None, threads_per_rank: int = 1,
                  watch: Callable[[], None] | None = None) -> None: ...
@@ -95,8 +96,6 @@ class Communicator:
     # op: an op code; factor: PREMUL_SUM's (each rank's input times its own factor, then summed)
     def all_reduce(self, array: Array, op: int = 0, async_op: bool = False,
                    factor: float = 1.0) -> Work | None: ...
-    def all_reduce_flat(self, array: Array, op: int = 0, async_op: bool = False,
-                        factor: float = 1.0) -> Work | None: ...
     def reduce(self, array: Array, dst: int, op: int = 0, async_op: bool = False,
                factor: float = 1.0) -> Work | None: ...
     def broadcast(self, array: Array, src: int, async_op: bool = False) -> Work | None: ...

@@ -23,7 +23,6 @@ import numpy as np
 
 import shmcomm._core as _core
 from shmcomm.errors import AbortedError
-from shmcomm.numa import attach as attach_numa
 from shmcomm.ops import ReduceOp, op_code
 
 from shmcomm.work import Work
@@ -148,8 +147,10 @@ class ProcessGroup(_core.GroupCore):
         self._destroyed = False
         _alive.add(self)
         if engine is None and comm.composite is None:
+            from shmcomm.numa import attach as attach_numa  # it builds on shmcomm.multinode
+
             try:
-                attach_numa(comm)  # large all_reduce inside each NUMA node first, where it applies
+                attach_numa(comm)  # large collectives inside each NUMA node first, where it applies
             except BaseException:
                 self.destroy()
                 raise

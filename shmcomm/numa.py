@@ -1,29 +1,31 @@
-"""Large all_reduce on a machine with several NUMA nodes: reduce inside each NUMA node first, as
-Open MPI's HAN and coll/xhc do, so that only 1/L of the data crosses between nodes (L ranks per
-NUMA node) instead of about half of it.
+"""Large collectives on a machine with several NUMA nodes: reduce and gather inside each NUMA node
+first, as Open MPI's HAN and coll/xhc do, so that only 1/L of the data crosses between nodes (L
+ranks per NUMA node) instead of about half of it.
 
 A group gets the composition when its ranks are each bound inside one NUMA node (``shmrun
 --bind-to numa`` or ``core``, ``taskset``, ``numactl``), the nodes hold the same number of ranks,
 two or more each, and there are two nodes or more; ``SHMCOMM_SIMULATE_NUMA=K`` (testing) makes
-K blocks of consecutive ranks act as NUMA nodes on any machine. Then all_reduce of private arrays
-of ``SHMCOMM_NUMA_BYTES`` (1 MiB) and more runs, as one operation of the group's progress engine:
+K blocks of consecutive ranks act as NUMA nodes on any machine. Then all_reduce, reduce_scatter_into
+and all_gather_into of private arrays of ``SHMCOMM_NUMA_BYTES`` (1 MiB, all ranks' data together)
+and more run, each as one operation of the group's progress engine:
 
-1. a check on the whole group that every rank called the same all_reduce (a rank that took the
+1. a check on the whole group that every rank called the same collective (a rank that took the
    flat path instead meets it there, and both raise CollectiveMismatchError);
-2. reduce-scatter inside each NUMA node (its own shared-memory group);
-3. all_reduce of each shard along its *rail* (the ranks of one local index, one per node);
-4. all-gather inside each NUMA node.
+2. the multi-node composition's steps (``shmcomm.multinode.compose``), with shared-memory groups
+   for both levels: each NUMA node's group and each *rail* (the ranks of one local index, one per
+   node). all_reduce: reduce-scatter in the node, all_reduce of each shard along the rail,
+   all-gather in the node. reduce_scatter: each node sums its ranks' pieces for every node, the
+   rails reduce-scatter those sums. all_gather: along the rail, then inside each node.
 
-Those are the multi-node composition's steps (``shmcomm.multinode.compose``), with shared-memory
-groups for both levels. Every rank gets the same bits (each level reduces in one fixed order),
-not the flat path's: the order of the sum differs. ``sc.empty`` arrays keep the flat zero-copy
-path, and smaller messages the flat paths: below a megabyte the composition's extra steps cost
-more than the traffic it saves. Not yet measured on a machine with several NUMA nodes.
+Every rank gets the same bits (each level reduces in one fixed order), not the flat path's: the
+order of the sum differs. ``sc.empty`` arrays keep the flat zero-copy path, and smaller messages
+the flat paths: below a megabyte the composition's extra steps should cost more than the traffic
+it saves. Not yet measured on a machine with several NUMA nodes (``bench/bench_numa.py``).
 
 Example::
 
     SHMCOMM_SIMULATE_NUMA=2 shmrun -n 4 python train.py     # 2 simulated NUMA nodes of 2 ranks
-    pg._comm.composite.calls                                 # all_reduce calls it ran
+    pg._comm.composite.calls                                 # collectives it ran
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ import numpy as np
 import shmcomm._core as _core
 from shmcomm.errors import AbortedError, PeerFailureError
 from shmcomm.launcher.cpus import cpu_domains
+from shmcomm.multinode.compose import HierarchicalComm, flat
+from shmcomm.multinode.link import check_same, descriptor
+from shmcomm.multinode.topology import Topology
 from shmcomm.settings import find, read_int
 
 __all__ = ["NumaComm", "attach", "install", "machine_numa_nodes", "rank_numa_node"]
@@ -72,7 +77,7 @@ def rank_numa_node(sysfs: str = SYSFS) -> int:
 
 
 def attach(comm: _core.Communicator) -> NumaComm | None:
-    """Give ``comm`` the NUMA composition for its large all_reduce, where it applies (see the
+    """Give ``comm`` the NUMA composition for its large collectives, where it applies (see the
     module's text): then its groups per NUMA node and per rail are made and the composition
     returned, else None. Collective over ``comm``'s ranks (they agree: every input is the same
     on every rank or exchanged).
@@ -109,8 +114,6 @@ def install(comm: _core.Communicator, nodes: list[int], threshold: int) -> NumaC
 
         install(comm, [0, 1, 0, 1], 1 << 20)   # shmrun --bind-to numa's round robin, 2 nodes
     """
-    from shmcomm.multinode.topology import Topology
-
     topology = Topology([f"NUMA node {n}" for n in nodes])
     if len(topology.nodes) < 2 or not topology.even or len(topology.nodes[0]) < 2:
         return None
@@ -124,23 +127,33 @@ def install(comm: _core.Communicator, nodes: list[int], threshold: int) -> NumaC
         raise
     numa = NumaComm(comm, topology, node, rail)
     comm.composite, comm.composite_bytes = numa, threshold
+    comm.composite_bf16 = _numpy_has_bfloat16()
     return numa
 
 
+def _numpy_has_bfloat16() -> bool:
+    """Whether ml_dtypes can show a bfloat16 tensor to numpy (the composition's views need it;
+    without it bfloat16 stays on the flat paths)."""
+    try:
+        import ml_dtypes  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 class NumaComm:
-    """The NUMA composition of one group's large all_reduce (``attach`` makes it): ``comm``, the
+    """The NUMA composition of one group's large collectives (``attach`` makes it): ``comm``, the
     whole group; ``node``, this rank's NUMA node's group; ``rail``, the group of this rank's
-    local index on every node. ``comm`` calls its ``all_reduce``, ``abort`` and ``close``.
+    local index on every node. ``comm`` calls its ``all_reduce``, ``reduce_scatter_into``,
+    ``all_gather_into``, ``abort`` and ``close``.
 
     Example::
 
-        pg._comm.composite.calls     # all_reduce calls that went this way
+        pg._comm.composite.calls     # collectives that went this way
     """
 
     def __init__(self, comm: _core.Communicator, topology: Any, node: _core.Communicator,
                  rail: _core.Communicator):
-        from shmcomm.multinode.compose import HierarchicalComm
-
         self.topology = topology
         self._comm, self._node, self._rail = comm, node, rail
         # the multi-node composition's steps, both levels shared memory: always by shards
@@ -149,27 +162,37 @@ class NumaComm:
 
     def all_reduce(self, array: Any, op: int, async_op: bool, factor: float):
         """Run ``array``'s all_reduce as the composition, in issue order on the group's engine."""
-        from shmcomm.multinode.compose import flat
+        a = flat(array, writable=True)
+        return self._comm.submit(self._run, ("all_reduce", a, op, self._steps.all_reduce_steps,
+                                             (a, op, factor)), [array], async_op)
 
-        try:
-            a = flat(array, writable=True)
-        except TypeError:  # a torch bfloat16 tensor without ml_dtypes installed: the flat paths
-            return self._comm.all_reduce_flat(array, op, async_op, factor)
-        return self._comm.submit(self._run, (a, op, factor), [array], async_op)
+    def reduce_scatter_into(self, output: Any, input: Any, op: int, async_op: bool, factor: float):
+        """Run a reduce_scatter_into as the composition: each NUMA node sums every node's pieces
+        of its ranks' inputs, then the rails reduce-scatter those sums."""
+        out, inp = flat(output, "output", writable=True), flat(input, "input")
+        return self._comm.submit(self._run, ("reduce_scatter", inp, op, self._steps.reduce_scatter_steps,
+                                             (out, inp, op, factor)), [output], async_op)
 
-    def _run(self, a: np.ndarray, op: int, factor: float) -> None:
-        from shmcomm.multinode.link import check_same, descriptor
+    def all_gather_into(self, output: Any, array: Any, async_op: bool):
+        """Run an all_gather_into as the composition: the rails gather every node's piece of
+        this local index, then each node gathers its ranks' pieces of every node."""
+        out, a = flat(output, "output", writable=True), flat(array)
+        return self._comm.submit(self._run, ("all_gather", out, -1, self._steps.all_gather_steps,
+                                             (out, a)), [output], async_op)
 
+    def _run(self, kind: str, whole: np.ndarray, op: int, steps, args: tuple) -> None:
+        """One composed collective: every rank's (kind, dtype, bytes of ``whole``, op) checked on
+        the whole group first, then its steps."""
         rows = np.empty((self._comm.size, 5), np.int64)
-        self._comm.all_gather_into(rows, descriptor("all_reduce", a, op))
-        check_same(rows, "ranks of a group that reduces inside NUMA nodes first", "rank")
+        self._comm.all_gather(list(rows), descriptor(kind, whole, op))  # the list form: never composed
+        check_same(rows, "ranks of a group that composes inside NUMA nodes", "rank")
         try:
-            self._steps.all_reduce_steps(a, op, factor)
+            steps(*args)
         except BaseException as exc:
             # Peers may wait in a step this rank will not reach: wake them with the cause. A
             # death: only the two levels' groups (every rank sees the death on the whole group
             # itself, so its other operations keep failing as PeerFailureError, not AbortedError).
-            reason = (f"{type(exc).__name__} on rank {self._comm.rank} (all_reduce inside NUMA "
+            reason = (f"{type(exc).__name__} on rank {self._comm.rank} ({kind} inside NUMA "
                       f"nodes): {str(exc)[:400]}")
             if isinstance(exc, AbortedError) and _PEER_DIED in str(exc):
                 # woken by a peer that saw a rank die: the same error as on the flat paths

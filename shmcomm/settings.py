@@ -113,8 +113,9 @@ SETTINGS: tuple[Setting, ...] = (
     # a megabyte the composition's four steps of waiting should cost more than the cross-node
     # traffic it saves.
     Setting("SHMCOMM_NUMA_BYTES", "group", "1 MiB",
-            "all_reduce of private arrays this large reduces inside each NUMA node first, where "
-            "the ranks are bound to several nodes; 0 turns it off", 0, "numa_bytes",
+            "all_reduce, reduce_scatter and all_gather of private arrays this large (all ranks' "
+            "data) run inside each NUMA node first, where the ranks are bound to several nodes; "
+            "0 turns it off", 0, "numa_bytes",
             lambda g: 1 << 20),
     Setting("SHMCOMM_PROGRESS_US", "group", "50",
             "how often the progress thread looks for queued async ops while the group is busy", 1,

@@ -155,12 +155,13 @@ cdef class Communicator:
     cdef readonly unsigned long long fused_calls  # small reductions that ran in a step with others
     cdef readonly unsigned long long zero_copy_calls  # calls that read or wrote peers' sc.empty arrays in place
     cdef readonly int threads_per_rank  # busy threads per rank (group_settings), kept for derive
-    # A composition that runs all_reduce of private arrays from composite_bytes up instead of the
-    # flat paths (shmcomm/numa.py: inside each NUMA node first): its all_reduce(array, op,
-    # async_op, factor) is called for them, its abort(reason) and close() with this group's;
-    # None: every size runs flat
+    # A composition that runs all_reduce, all_gather_into and reduce_scatter_into of private
+    # arrays from composite_bytes (in all) up instead of the flat paths (shmcomm/numa.py: inside
+    # each NUMA node first): its methods of those names are called for them, with this
+    # Communicator's arguments, and its abort(reason) and close() with this group's; None: flat
     cdef public object composite
     cdef public size_t composite_bytes
+    cdef public bint composite_bf16  # the composition takes bfloat16 (its views need ml_dtypes)
 
     def __cinit__(self):
         self.pidfds = NULL
@@ -510,23 +511,21 @@ cdef class Communicator:
             raise ValueError(f"{argname} must be a rank in [0, {self.size}), got {root}")
         return 0
 
+    cdef inline bint _composes(self, op_t *o, size_t nbytes) noexcept:
+        """Whether the composition runs a validated call moving ``nbytes`` in all: private arrays
+        (sc.empty ones keep the flat zero-copy path: no copy beats any composition) from
+        composite_bytes up, bfloat16 only where the composition can view it (ml_dtypes)."""
+        return self.composite is not None and nbytes >= self.composite_bytes and o.heap == 0 \
+            and (o.dtype != SHM_BFLOAT16 or self.composite_bf16)
+
     cpdef all_reduce(self, array, int op=SHM_SUM, bint async_op=False, double factor=1.0):
-        return self._all_reduce(array, op, async_op, factor, True)
-
-    def all_reduce_flat(self, array, int op=SHM_SUM, bint async_op=False, double factor=1.0):
-        """``all_reduce`` by the flat paths whatever the size: a composition's own fallback."""
-        return self._all_reduce(array, op, async_op, factor, False)
-
-    cdef _all_reduce(self, array, int op, bint async_op, double factor, bint composite):
         cdef _Call call = _open(self, async_op)
         try:
             owners = _prep_reduce(self, &call.o, array, op, -1, factor)
         except BaseException:
             _abandon(self, call)
             raise
-        # sc.empty arrays keep the flat zero-copy path: no copy at all beats any composition
-        if composite and self.composite is not None and call.o.nbytes >= self.composite_bytes \
-                and call.o.heap == 0:
+        if self._composes(&call.o, call.o.nbytes):
             _abandon(self, call)
             return self.composite.all_reduce(array, op, async_op, factor)
         return _go(self, call, owners, array, True)
@@ -566,6 +565,9 @@ cdef class Communicator:
         except BaseException:
             _abandon(self, call)
             raise
+        if self._composes(&call.o, call.o.nbytes * <size_t>self.size):
+            _abandon(self, call)
+            return self.composite.all_gather_into(output, array, async_op)
         return _go(self, call, owners, output, True)
 
     cpdef gather(self, array, gather_list, int dst, bint async_op=False):
@@ -609,6 +611,9 @@ cdef class Communicator:
         except BaseException:
             _abandon(self, call)
             raise
+        if self._composes(&call.o, call.o.nbytes * <size_t>self.size):
+            _abandon(self, call)
+            return self.composite.reduce_scatter_into(output, input, op, async_op, factor)
         return _go(self, call, owners, output, True)
 
     cpdef all_to_all(self, list output_list, list input_list, bint async_op=False):

@@ -1,8 +1,31 @@
 import os
+import threading
+import time
 
 import pytest
 
 from shmcomm import segments
+
+# The tests fork ranks (tests/harness.py) from this process, which also runs threads of its own
+# (timers, callers). Thread.join returns once Python is done with the thread, but the thread still
+# runs its last C code: under AddressSanitizer that takes the sanitizer's thread-registry lock.
+# A fork at that moment copies the lock held, and the child hangs at its first thread start (a
+# rank at world size 1 hung 60 s in CI twice, right after a test joined its timer). So a join
+# here also waits, for up to a second, until the kernel has seen the thread go.
+_join = threading.Thread.join
+
+
+def _join_until_the_thread_is_gone(self, timeout=None):
+    _join(self, timeout)
+    if self.is_alive() or self.native_id is None:
+        return
+    task = f"/proc/self/task/{self.native_id}"
+    deadline = time.monotonic() + 1.0
+    while os.path.exists(task) and time.monotonic() < deadline:
+        time.sleep(0.0005)
+
+
+threading.Thread.join = _join_until_the_thread_is_gone
 
 
 @pytest.fixture(autouse=True, scope="session")

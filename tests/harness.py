@@ -53,8 +53,8 @@ def run_ranks(fn, size: int, *args, timeout: float = 60.0, init: bool = True, en
     job = job or f"test-{uuid.uuid4().hex[:12]}"
     env = {k: str(v) for k, v in (env or {}).items()}
     # Ranks are forked: a thread of this process still running (an earlier test's timer) could
-    # hold an allocator lock the child inherits held, and the child would hang on it (seen once
-    # in CI under ASan). Let such threads end first.
+    # hold an allocator lock the child inherits held, and the child would hang on it (seen in CI
+    # under ASan). Let such threads end first (tests/conftest.py: a join waits until they are gone).
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join(timeout=5)

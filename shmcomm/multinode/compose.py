@@ -120,7 +120,8 @@ class HierarchicalComm:
 
     ``local`` is this node's ``Communicator``; ``rail`` and ``world`` the links of
     ``shmcomm.multinode.link`` (``rail`` None when nodes hold different numbers of ranks).
-    ``leaders_bytes``: all_reduce up to this size crosses by each node's leader alone.
+    ``leaders_bytes``: all_reduce, reduce_scatter and all_gather up to this size cross by each
+    node's leader alone.
 
     Example::
 
@@ -131,7 +132,8 @@ class HierarchicalComm:
     def __init__(self, topology: Topology, rank: int, local: _core.Communicator, rail, world,
                  leaders_bytes: int = SMALL_BYTES):
         self.topology, self.rank, self.size = topology, rank, len(topology.hosts)
-        # all_reduce up to this many bytes crosses by the leaders alone (0: always by shards)
+        # all_reduce, reduce_scatter and all_gather up to this many bytes cross by the leaders
+        # alone (0: always by shards)
         self._leaders_bytes = leaders_bytes
         self._local, self._rail, self._world = local, rail, world
         self._node, self._l = topology.node_of[rank], topology.local_of[rank]
@@ -250,7 +252,7 @@ class HierarchicalComm:
             raise ValueError(f"input must hold world_size * {out.size} = {out.size * self.size} "
                              f"{out.dtype} elements, got {inp.size} {inp.dtype}")
         _check_op(out, op)
-        return self._run(self._reduce_scatter, (out, inp, op, factor), [output], async_op)
+        return self._run(self.reduce_scatter_steps, (out, inp, op, factor), [output], async_op)
 
     def reduce_scatter(self, output, input_list, op: int = _SUM, async_op: bool = False,
                        factor: float = 1.0):
@@ -274,7 +276,8 @@ class HierarchicalComm:
         args = (self._exchange, out, flat(input, "input"), counts, op, factor, self.rank, self.size)
         return self._run(uneven.reduce_scatter_v, args, [output], async_op)
 
-    def _reduce_scatter(self, out: np.ndarray, inp: np.ndarray, op: int, factor: float) -> None:
+    def reduce_scatter_steps(self, out: np.ndarray, inp: np.ndarray, op: int, factor: float) -> None:
+        """reduce_scatter_into's steps on the calling thread (as ``all_reduce_steps``)."""
         # 1. inside the node, once per node n: the node's sum of the pieces rank (n, l) gets,
         #    for this rank's local index l (so mid holds them for every n)
         # 2. along the rail: reduce-scatter of mid, so that rank (n, l) gets its own piece
@@ -287,7 +290,7 @@ class HierarchicalComm:
                 inp = inp.copy()
                 _scale(inp, factor)
             self._world.reduce_scatter_into(out, inp, cross)
-        elif inp.nbytes <= SMALL_BYTES and self._consecutive:
+        elif inp.nbytes <= self._leaders_bytes and self._consecutive:
             self._reduce_scatter_by_leaders(out, inp, local, cross, factor)
         else:
             piece = out.size
@@ -350,7 +353,7 @@ class HierarchicalComm:
         if out.size != a.size * self.size or out.dtype != a.dtype:
             raise ValueError(f"output must hold world_size * {a.size} = {a.size * self.size} "
                              f"{a.dtype} elements, got {out.size} {out.dtype}")
-        return self._run(self._all_gather_into, (out, a), [output], async_op)
+        return self._run(self.all_gather_steps, (out, a), [output], async_op)
 
     def all_gather(self, output_list, array, async_op: bool = False):
         """``output_list[q]`` = rank q's ``array`` (pieces may differ in size, as torch allows)."""
@@ -364,7 +367,7 @@ class HierarchicalComm:
         whole = np.empty(a.size * self.size, a.dtype)
 
         def gather_then_split():
-            self._all_gather_into(whole, a)
+            self.all_gather_steps(whole, a)
             for o, part in zip(outs, _pieces(whole, [a.size] * self.size)):
                 o[...] = part
         return self._run(gather_then_split, (), list(output_list), async_op)
@@ -375,7 +378,8 @@ class HierarchicalComm:
                 self.rank, self.size)
         return self._run(uneven.all_gather_v, args, [output], async_op)
 
-    def _all_gather_into(self, out: np.ndarray, a: np.ndarray) -> None:
+    def all_gather_steps(self, out: np.ndarray, a: np.ndarray) -> None:
+        """all_gather_into's steps on the calling thread (as ``all_reduce_steps``)."""
         # up to SMALL_BYTES with consecutive nodes (latency-bound):
         # 1. gather inside the node into the node's block  2. rail 0 gathers the node blocks
         # (which lie in node order)  3. broadcast inside the node
@@ -385,7 +389,7 @@ class HierarchicalComm:
         if self._flat:
             return self._world.all_gather_into(out, a)
         piece = a.size
-        if out.nbytes <= SMALL_BYTES and self._consecutive:
+        if out.nbytes <= self._leaders_bytes and self._consecutive:
             first = self._first_of[self._node]
             block = out[first * piece:(first + self._L) * piece]
             self._local.all_gather_into(block, a)
