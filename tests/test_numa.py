@@ -41,6 +41,7 @@ def staged_reference(inputs: list[np.ndarray], nodes: list[list[int]], op: str) 
 
 
 def _every_dtype_and_op(rank, size, counts):
+    """all_reduce and reduce_scatter_into with every op, all_gather_into, on every dtype."""
     from shmcomm import _core, group
 
     comm = group.default_group()._comm
@@ -48,15 +49,28 @@ def _every_dtype_and_op(rank, size, counts):
     assert numa is not None, "no composition on a simulated topology"
     before, checked = numa.calls, 0
     for dtype in DTYPES:
-        for op in kernel_ops_for(dtype):
-            for count in counts:
-                x = make_input(dtype, count, rank)
+        for count in counts:
+            whole = np.empty(count * size, dtype)
+            comm.all_gather_into(whole, make_input(dtype, count, rank))
+            expected = np.concatenate([make_input(dtype, count, q) for q in range(size)])
+            assert_same_bits(whole, expected, f"all_gather {dtype} count={count}")
+            mine = slice(rank * count, (rank + 1) * count)
+            for op in kernel_ops_for(dtype):
+                code = _core.OP_NAMES.index(op)
                 factor = FACTORS[rank % len(FACTORS)] if op == "PREMUL_SUM" else 1.0
-                comm.all_reduce(x, _core.OP_NAMES.index(op), False, factor)
-                inputs = [make_input(dtype, count, r) for r in range(size)]
-                assert_same_bits(x, staged_reference(inputs, numa.topology.nodes, op),
-                                 f"{dtype} {op} count={count}")
-                checked += 1
+                x = make_input(dtype, count, rank)
+                comm.all_reduce(x, code, False, factor)
+                piece = np.empty(count, dtype)
+                comm.reduce_scatter_into(piece, make_input(dtype, count * size, rank, salt=1), code,
+                                         False, factor)
+                for got, inputs, what in (
+                        (x, [make_input(dtype, count, q) for q in range(size)], "all_reduce"),
+                        (piece, [make_input(dtype, count * size, q, salt=1)[mine] for q in range(size)],
+                         "reduce_scatter")):
+                    assert_same_bits(got, staged_reference(inputs, numa.topology.nodes, op),
+                                     f"{what} {dtype} {op} count={count}")
+                checked += 2
+            checked += 1
     assert numa.calls - before == checked, (numa.calls - before, checked)
     return checked
 
@@ -64,44 +78,10 @@ def _every_dtype_and_op(rank, size, counts):
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("size,nodes", [(4, 2), (6, 2), (6, 3)])
 def test_every_dtype_and_op_matches_numpy_in_the_composition_order(size, nodes):
-    """Nodes of 2 and of 3 ranks (a count the node's ranks do not divide: uneven shards)."""
+    """Nodes of 2 and of 3 ranks (counts the node's ranks do not divide: uneven shards); each
+    rank's piece of reduce_scatter and all_gather: 97 and 1001 elements."""
     env = dict(SIMULATED, SHMCOMM_SIMULATE_NUMA=str(nodes))
-    assert run_ranks(_every_dtype_and_op, size, (97, 1001), env=env, timeout=200)[0] > 100
-
-
-def _reduce_scatter_and_all_gather(rank, size, counts):
-    from shmcomm import _core, group
-
-    comm = group.default_group()._comm
-    numa = comm.composite
-    before, checked = numa.calls, 0
-    for dtype in DTYPES:
-        for count in counts:
-            out = np.empty(count * size, dtype)
-            comm.all_gather_into(out, make_input(dtype, count, rank))
-            expected = np.concatenate([make_input(dtype, count, q) for q in range(size)])
-            assert_same_bits(out, expected, f"all_gather {dtype} count={count}")
-            checked += 1
-            for op in kernel_ops_for(dtype):
-                out = np.empty(count, dtype)
-                factor = FACTORS[rank % len(FACTORS)] if op == "PREMUL_SUM" else 1.0
-                comm.reduce_scatter_into(out, make_input(dtype, count * size, rank, salt=1),
-                                         _core.OP_NAMES.index(op), False, factor)
-                mine = slice(rank * count, (rank + 1) * count)
-                inputs = [make_input(dtype, count * size, q, salt=1)[mine] for q in range(size)]
-                assert_same_bits(out, staged_reference(inputs, numa.topology.nodes, op),
-                                 f"reduce_scatter {dtype} {op} count={count}")
-                checked += 1
-    assert numa.calls - before == checked, (numa.calls - before, checked)
-    return checked
-
-
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize("size,nodes", [(4, 2), (6, 3)])
-def test_reduce_scatter_and_all_gather_match_numpy(size, nodes):
-    """Each rank's piece: 33 elements (odd) and 1000."""
-    env = dict(SIMULATED, SHMCOMM_SIMULATE_NUMA=str(nodes))
-    assert run_ranks(_reduce_scatter_and_all_gather, size, (33, 1000), env=env, timeout=200)[0] > 100
+    assert run_ranks(_every_dtype_and_op, size, (97, 1001), env=env, timeout=200)[0] > 200
 
 
 def _large(rank, size):
