@@ -173,6 +173,18 @@ def _settings_lines(nranks: int) -> list[tuple[str, str]]:
     return lines
 
 
+def _numa_line() -> str:
+    """How many NUMA nodes have CPUs, and whether this process is bound inside one (what decides
+    whether large collectives compose inside NUMA nodes: shmcomm/numa.py)."""
+    from shmcomm.numa import machine_numa_nodes, rank_numa_node
+
+    count, mine = machine_numa_nodes(), rank_numa_node()
+    if count == 1:
+        return "1 (collectives stay flat)"
+    where = f"bound inside node {mine}" if mine >= 0 else "not bound inside one (collectives stay flat)"
+    return f"{count}; this process {where}"
+
+
 def _limit(which: int, size: bool = False) -> str:
     def fmt(v: int) -> str:
         if v == resource.RLIM_INFINITY:
@@ -200,6 +212,7 @@ def info_lines() -> list[tuple[str, str]]:
     except (AttributeError, OSError):
         usable = os.cpu_count() or 1
     lines.append(("cores", f"{usable} usable of {os.cpu_count()}"))
+    lines.append(("NUMA nodes", _numa_line()))
     lines.append(("open files", _limit(resource.RLIMIT_NOFILE)))
     lines.append(("locked memory", _limit(resource.RLIMIT_MEMLOCK, size=True)))
     lines.append(("processes", _limit(resource.RLIMIT_NPROC)))
