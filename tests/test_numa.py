@@ -370,3 +370,22 @@ def test_the_benchmark_compares_both_paths_on_a_simulated_topology():
     rows = [line for line in done.stdout.splitlines() if line.startswith("| 65536 |")
             or line.startswith("| 1048576 |")]
     assert len(rows) == 2 and all(float(r.split("|")[4]) > 0 for r in rows), done.stdout
+
+
+@pytest.mark.timeout(180)
+def test_nodes_then_numa_nodes_then_shared_memory():
+    """Two simulated nodes of four ranks (gloo between), each of two simulated NUMA nodes: a
+    large all_reduce's node steps compose inside the NUMA nodes, inside the multi-node steps."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch", reason="the link between simulated nodes is torch's gloo")
+    script = pathlib.Path(__file__).resolve().parent / "multinode_scripts" / "numa_inside_nodes.py"
+    env = dict(os.environ, SHMCOMM_SIMULATE_NODES="2", **SIMULATED)
+    done = subprocess.run([sys.executable, "-m", "shmcomm.launch", "-n", "8", str(script)], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=170)
+    assert done.returncode == 0, done.stdout[-4000:]
+    # the node's reduce-scatter and all-gather of the all_reduce, on every rank
+    assert done.stdout.count("numa-inside-nodes ok calls=2 HierarchicalGroup") == 8, done.stdout[-3000:]
