@@ -63,7 +63,7 @@ class Work:
     def source_rank(self) -> int: ...
     def abort(self) -> None: ...
 
-def group_settings(size: int, threads_per_rank: int = 1) -> dict[str, int]: ...
+def group_settings(size: int, threads_per_rank: int = 1, busy_ranks: int | None = None) -> dict[str, int]: ...
 
 class Communicator:
     """The compiled side of a process group (internal: use shmcomm.init_process_group)."""
@@ -82,6 +82,7 @@ class Communicator:
     fused_calls: int
     zero_copy_calls: int
     threads_per_rank: int
+    busy_ranks: int
     # all_reduce, all_gather_into and reduce_scatter_into of private arrays from composite_bytes
     # (in all) up go to composite's methods of those names (shmcomm/numa.py); abort and close too
     composite: Any
@@ -89,7 +90,7 @@ class Communicator:
     composite_bf16: bool
     def __init__(self, job: str, part: str, rank: int, size: int, timeout: float,
                  secret: str | bytes | Credentials | None = None, threads_per_rank: int = 1,
-                 watch: Callable[[], None] | None = None) -> None: ...
+                 watch: Callable[[], None] | None = None, busy_ranks: int | None = None) -> None: ...
     def derive(self, what: str, members: Iterable[int], timeout: float | None = None) -> Communicator: ...
     def check_alive(self, ranks: Iterable[int]) -> None: ...  # PeerFailureError if one exited
     # Each collective runs inline (returns None) or, with async_op=True, is queued (returns a Work).

@@ -87,7 +87,7 @@ def attach(comm: _core.Communicator) -> NumaComm | None:
         numa = attach(comm)     # None on a machine with one NUMA node
     """
     size = comm.size
-    threshold = _core.group_settings(size, comm.threads_per_rank)["numa_bytes"]
+    threshold = _core.group_settings(size, comm.threads_per_rank, comm.busy_ranks)["numa_bytes"]
     simulated = read_int(find("SHMCOMM_SIMULATE_NUMA"), 1)
     if size < 4 or threshold == 0:
         return None

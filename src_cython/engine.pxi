@@ -155,6 +155,7 @@ cdef class Communicator:
     cdef readonly unsigned long long fused_calls  # small reductions that ran in a step with others
     cdef readonly unsigned long long zero_copy_calls  # calls that read or wrote peers' sc.empty arrays in place
     cdef readonly int threads_per_rank  # busy threads per rank (group_settings), kept for derive
+    cdef readonly int busy_ranks  # ranks of the job running here: this group's, or its parent's
     # A composition that runs all_reduce, all_gather_into and reduce_scatter_into of private
     # arrays from composite_bytes (in all) up instead of the flat paths (shmcomm/numa.py: inside
     # each NUMA node first): its methods of those names are called for them, with this
@@ -178,7 +179,7 @@ cdef class Communicator:
         self.composite = None
 
     def __init__(self, str job, str part, int rank, int size, double timeout, secret=None,
-                 int threads_per_rank=1, watch=None):
+                 int threads_per_rank=1, watch=None, busy_ranks=None):
         if size < 1:
             raise ValueError(f"world_size must be >= 1, got {size}")
         if not 0 <= rank < size:
@@ -194,7 +195,8 @@ cdef class Communicator:
         # a derived group's (derive) are its parent's: the secret itself is not kept
         self.creds = secret if isinstance(secret, Credentials) else credentials(secret)
         self.threads_per_rank = threads_per_rank
-        settings = group_settings(size, threads_per_rank)
+        self.busy_ranks = size if busy_ranks is None else max(size, busy_ranks)
+        settings = group_settings(size, threads_per_rank, self.busy_ranks)
         self.small_bytes = settings["small_bytes"]
         self.stream_bytes = settings["stream_bytes"]
         self.spin_ns = self.spin_max_ns = settings["spin_us"] * 1000
@@ -415,7 +417,8 @@ cdef class Communicator:
 
     def derive(self, str what, members, timeout=None):
         """The group of ``members`` (ranks of this group; member i becomes rank i) made through
-        this one: its segment part ``derived_part(what)``, this group's secret and busy threads,
+        this one: its segment part ``derived_part(what)``, this group's secret, busy threads and
+        busy ranks (its waits spin only if this group's would: the other ranks still run here),
         its timeout unless ``timeout`` is given. Its start-up fails at once when a member dies.
         Collective over ``members``: sub-groups and a composition's groups are made this way.
 
@@ -427,7 +430,7 @@ cdef class Communicator:
         return Communicator(self.job, self.derived_part(what), members.index(self.rank),
                             len(members), self.timeout if timeout is None else timeout,
                             secret=self.creds, threads_per_rank=self.threads_per_rank,
-                            watch=lambda: self.check_alive(members))
+                            watch=lambda: self.check_alive(members), busy_ranks=self.busy_ranks)
 
     def check_alive(self, ranks):
         """Raise PeerFailureError naming the first of ``ranks`` (of this group) whose process

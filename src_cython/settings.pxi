@@ -36,12 +36,14 @@ def _last_level_cache_bytes():
     return _llc_bytes
 
 
-def group_settings(int size, int threads_per_rank=1):
+def group_settings(int size, int threads_per_rank=1, busy_ranks=None):
     """The tuning of a group of ``size`` ranks: each SHMCOMM_* variable, else its default.
 
     ``threads_per_rank``: the threads each rank keeps busy while its peers wait for it (2 or
     more where every rank also drives another engine, as a node group of a multi-node job does
     with gloo's transport and work threads); waiting spins only when all of them fit the cores.
+    ``busy_ranks``: the ranks of the job running here, when more than this group's (a group made
+    through another, ``Communicator.derive``: its parent's): they count for that fit.
 
     Example::
 
@@ -51,6 +53,7 @@ def group_settings(int size, int threads_per_rank=1):
     from shmcomm.settings import GROUP_TUNING, read_int
     choose_simd_level()
     usable = len(os.sched_getaffinity(0))
-    facts = {"size": size, "fits": size * max(1, threads_per_rank) <= usable,
+    busy = size if busy_ranks is None else max(size, busy_ranks)
+    facts = {"size": size, "fits": busy * max(1, threads_per_rank) <= usable,
              "llc": _last_level_cache_bytes()}
     return {s.key: read_int(s, s.compute(facts)) for s in GROUP_TUNING}

@@ -166,6 +166,8 @@ def _which_path(rank, size):
     y = np.full(100, 1.0)
     sc.all_reduce(y, group=sub)
     assert sub._comm.composite.calls == 1 and (y == size).all()
+    # groups made through the whole group count its ranks when they decide to spin
+    assert sub._comm.busy_ranks == numa._node.busy_ranks == numa._rail.busy_ranks == size
     pair = sc.new_group([0, 1])
     if pair is not None:
         assert pair._comm.composite is None

@@ -98,3 +98,17 @@ def test_info_marks_what_is_set_and_never_prints_a_secret():
                           timeout=60, env={**os.environ, "SHMCOMM_SECRET": "hunter2"}).stdout
     assert "hunter2" not in text
     assert re.search(r"^\* SHMCOMM_SECRET\s+job\s+\(set\)", text, re.M), text
+
+
+def test_a_group_counts_the_ranks_of_its_job_that_run_beside_it():
+    """A group made through another (a sub-group, a NUMA composition's levels) spins only if its
+    parent would: two ranks fit two cores, but not beside two more ranks of the same job. (Two
+    ranks of four on two cores spinning in their sub-group made a 64 KiB composed all_reduce
+    take 890 us instead of 140.)"""
+    import os
+
+    usable = len(os.sched_getaffinity(0))
+    assert _core.group_settings(2, 1, busy_ranks=usable + 2)["spin_us"] == 0
+    assert _core.group_settings(2, 1, busy_ranks=1) == _core.group_settings(2)  # never below size
+    if usable >= 2:
+        assert _core.group_settings(2)["spin_us"] > 0
