@@ -28,6 +28,19 @@ cdef object _fail(Communicator self, object exc):
     return exc
 
 
+cdef object _unusable(Communicator self, str op):
+    """The error of a call on a group that an earlier failure left half done, the cause chained:
+    a PeerFailureError where the cause was a peer's failure (code that catches PeerFailureError
+    must see every call after a death as one, whichever call or thread met the death first),
+    else a ShmcommError."""
+    cause = self.broken
+    text = f"{op}: the group is unusable after an earlier failure: {cause}"
+    exc = (PeerFailureError(text, cause.rank, cause.pid) if isinstance(cause, PeerFailureError)
+           else ShmcommError(text))
+    exc.__cause__ = cause
+    return exc
+
+
 
 cdef str _name(Communicator self):
     return (<bytes>self.op_name).decode()
@@ -159,8 +172,7 @@ cdef int _begin(Communicator self, const char *op_name) except -1 nogil:
             raise AbortedError(f"{op_name.decode()}: {_aborted_text(self)}")
     if self.broken is not None:  # read without the GIL: set once, never cleared
         with gil:
-            raise ShmcommError(f"{op_name.decode()}: the group is unusable after an earlier "
-                               f"failure: {self.broken}") from self.broken
+            raise _unusable(self, op_name.decode())
     self.op_name = op_name
     self.deadline_ns = capi.shm_now_ns() + <uint64_t>(self.timeout * 1e9)
     self.published = False

@@ -112,7 +112,15 @@ def _killed_mid_run(rank, size, victim):
             sc.all_reduce(x)
     assert info.value.rank == victim and info.value.pid > 0
     assert f"rank {victim}" in str(info.value)
-    return time.monotonic() - t0
+    took = time.monotonic() - t0
+    # Every later call says the same, whatever call or thread met the death first: a survivor of
+    # a random kill once got a plain ShmcommError ("unusable after an earlier failure") from a
+    # send, and its `except PeerFailureError` missed it.
+    for later in (lambda: sc.all_reduce(x), sc.barrier, lambda: sc.broadcast(x, src=0)):
+        with pytest.raises(sc.PeerFailureError) as again:
+            later()
+        assert again.value.rank == victim, again.value
+    return took
 
 
 @pytest.mark.timeout(60)

@@ -107,7 +107,9 @@ def _survivors_fail_fast(procs: list[subprocess.Popen], victim: int, job: str) -
         except OSError:
             pass
     codes = {r: p.returncode for r, p in enumerate(procs) if r != victim}
-    assert all(c == 3 for c in codes.values()), (codes, outs)
+    # a string, not a tuple: pytest would cut a tuple's text short, and with it the error's class
+    assert all(c == 3 for c in codes.values()), f"exit codes {codes}; outputs:\n" + "\n".join(
+        f"--- rank {r}:\n{out[-1500:]}" for r, out in outs.items())
     assert not left, [s.name for s in left]
     return outs
 
