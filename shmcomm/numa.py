@@ -87,20 +87,22 @@ def attach(comm: _core.Communicator) -> NumaComm | None:
         numa = attach(comm)     # None on a machine with one NUMA node
     """
     size = comm.size
-    threshold = _core.group_settings(size, comm.threads_per_rank, comm.busy_ranks)["numa_bytes"]
+    if size < 4:
+        return None
     simulated = read_int(find("SHMCOMM_SIMULATE_NUMA"), 1)
-    if size < 4 or threshold == 0:
+    if simulated == 1 and machine_numa_nodes(SYSFS) == 1:
+        return None  # the common case, decided without the group's settings or any exchange
+    threshold = _core.group_settings(size, comm.threads_per_rank, comm.busy_ranks)["numa_bytes"]
+    if threshold == 0:
         return None
     if simulated > 1:
         nodes = [r * simulated // size for r in range(size)]
-    elif machine_numa_nodes(SYSFS) > 1:
+    else:
         every = np.empty(size, np.int64)
         comm.all_gather_into(every, np.array([rank_numa_node(SYSFS)], np.int64))
         nodes = every.tolist()
         if -1 in nodes:
             return None
-    else:
-        return None
     return install(comm, nodes, threshold)
 
 
