@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 import shmcomm._core as _core
-from shmcomm.errors import AbortedError, PeerFailureError
+from shmcomm.errors import PeerFailureError
 from shmcomm.launcher.cpus import cpu_domains
 from shmcomm.multinode.compose import HierarchicalComm, flat
 from shmcomm.multinode.link import check_same, descriptor
@@ -45,9 +45,6 @@ from shmcomm.multinode.topology import Topology
 from shmcomm.settings import find, read_int
 
 __all__ = ["NumaComm", "attach", "install", "machine_numa_nodes", "rank_numa_node"]
-
-_PEER_DIED = f"{PeerFailureError.__name__} on rank"  # how an abort's reason names a death
-
 
 # where the CPU topology is read (tests point it at a made-up tree)
 SYSFS = "/sys"
@@ -194,23 +191,23 @@ class NumaComm:
             # Peers may wait in a step this rank will not reach: wake them with the cause. A
             # death: only the two levels' groups (every rank sees the death on the whole group
             # itself, so its other operations keep failing as PeerFailureError, not AbortedError).
+            # A death met in a level's group (or learnt from a peer's abort of it, which names
+            # the dead process) carries that group's rank: renumbered as the whole group's.
             reason = (f"{type(exc).__name__} on rank {self._comm.rank} ({kind} inside NUMA "
                       f"nodes): {str(exc)[:400]}")
-            if isinstance(exc, AbortedError) and _PEER_DIED in str(exc):
-                # woken by a peer that saw a rank die: the same error as on the flat paths
-                self.abort(reason)
-                raise PeerFailureError(str(exc)) from exc
             if isinstance(exc, PeerFailureError):
-                self.abort(reason)
+                if exc.pid > 0:
+                    exc.rank = self._comm.rank_of_pid(exc.pid)
+                self.abort(reason, exc)
             else:
                 self._comm.abort(reason)
             raise
         self.calls += 1
 
-    def abort(self, reason: str | None) -> None:
-        """Abort both levels' groups (the whole group's abort calls it)."""
-        self._node.abort(reason)
-        self._rail.abort(reason)
+    def abort(self, reason: str | None, cause: BaseException | None = None) -> None:
+        """Abort both levels' groups (the whole group's abort calls it), with its ``cause``."""
+        self._node.abort(reason, cause)
+        self._rail.abort(reason, cause)
 
     def close(self) -> None:
         """Leave both levels' groups (the whole group's close calls it)."""

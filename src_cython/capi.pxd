@@ -61,6 +61,7 @@ cdef extern from "shm_layout.h" nogil:
         int32_t abort_rank
         uint32_t abort_claim
         char abort_reason[512]
+        int32_t abort_peer_pid
 
     ctypedef struct shm_heap_header_t:
         uint64_t magic

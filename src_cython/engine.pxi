@@ -386,17 +386,29 @@ cdef class Communicator:
         return _alloc_shared(self, nbytes_per_rank)
 
     # ---- lifecycle ----------------------------------------------------------------------------
-    def abort(self, str reason=None):
+    def abort(self, str reason=None, cause=None):
         """Abort the group on every rank: pending and later ops raise AbortedError (naming this
         rank and ``reason``, if it is the first to abort). A composition's groups too: a peer may
-        be waiting in one of them."""
+        be waiting in one of them.
+
+        ``cause``: the exception that made this rank abort. A ``PeerFailureError`` (a rank died)
+        makes the others' ops raise ``PeerFailureError`` naming that process, not AbortedError:
+        a composition wakes its ranks waiting in other groups so, and they must see the death
+        as the ranks that met it do.
+
+        Example::
+
+            comm.abort("stopping")          # every rank: AbortedError("... by rank 0: stopping")
+        """
         if self.hdr == NULL or _this_pid != self.owner_pid:
             return
         if self.composite is not None:
-            self.composite.abort(reason)
+            self.composite.abort(reason, cause)
         if reason is not None and capi.shm_fetch_add(&self.hdr.abort_claim, 1) == 0:
             _copy_text(self.hdr.abort_reason, reason, 511)
             self.hdr.abort_rank = self.rank
+            if isinstance(cause, PeerFailureError):
+                self.hdr.abort_peer_pid = cause.pid if cause.pid > 0 else -1
         capi.shm_store_seq_cst(&self.hdr.abort_flag, 1)
         for r in range(self.size):
             capi.shm_futex_wake_all(&self.cb(r).seq)
@@ -447,6 +459,20 @@ cdef class Communicator:
 
     def is_aborted(self):
         return _group_aborted(self)
+
+    cpdef int rank_of_pid(self, int pid):
+        """The rank of process ``pid`` in this group, or -1 where it is not a member.
+
+        Example::
+
+            err.rank = comm.rank_of_pid(err.pid)   # a sub-group's PeerFailureError, renumbered
+        """
+        cdef int r
+        if self.pids != NULL:
+            for r in range(self.size):
+                if self.pids[r] == pid:
+                    return r
+        return -1
 
     def refuse_inside_own_operation(self):
         """ShmcommError when this thread is running one of the group's own operations (a

@@ -294,7 +294,7 @@ cdef class P2PEngine:
             raise ShmcommError("the process group was destroyed")
         _check_process(self.comm)
         if _group_aborted(self.comm):
-            raise AbortedError(_aborted_text(self.comm))
+            raise _aborted(self.comm, "point to point")
 
     cdef uint64_t _deadline(self):
         return capi.shm_now_ns() + <uint64_t>(self.comm.timeout * 1e9)

@@ -337,7 +337,7 @@ cdef _p2p_check_failures(P2PEngine self):
     cdef _SendOp s
     cdef _RecvOp r
     if _group_aborted(c):
-        _p2p_fail_all(self, AbortedError(_aborted_text(self.comm)))
+        _p2p_fail_all(self, _aborted(self.comm, "point to point"))
         return
     gone = [q != c.rank and _peer_gone(c, q) for q in range(c.size)]
     for q in range(c.size):

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #define SHM_MAGIC 0x006D6D6F636D6873ull /* "shmcomm\0" */
-#define SHM_VERSION 5u
+#define SHM_VERSION 6u
 #define SHM_HEAP_MAGIC 0x0070616568636873ull /* "shcheap\0" */
 #define SHM_HEADER_BYTES 4096
 #define SHM_CB_BYTES 512
@@ -44,6 +44,9 @@ typedef struct {
     int32_t abort_rank;      /* 384: the rank that aborted the group first (-1: none or unknown) */
     uint32_t abort_claim;    /* 388: taken (0 -> 1) by the first rank to abort: it writes the reason */
     char abort_reason[512];  /* 392: why, as that rank said (written before abort_flag is set) */
+    int32_t abort_peer_pid;  /* 904: the cause was the death of this process (0: another cause;
+                                -1: a peer on another node). Written with the reason. */
+    uint32_t pad_b;          /* 908 */
 } shm_header_t;
 
 /* Header page of an sc.empty / RPC heap segment; the ranks' data follows at SHM_HEADER_BYTES. */

@@ -53,7 +53,7 @@ cdef int _check_health(Communicator self, int peer, uint32_t target) except -1 n
     cdef int r, first, last
     if _group_aborted(self):
         with gil:
-            raise _fail(self, AbortedError(f"{_name(self)}: {_aborted_text(self)}"))
+            raise _fail(self, _aborted(self, _name(self)))
     if peer < 0:
         first, last = 0, self.size
     else:
@@ -169,7 +169,7 @@ cdef int _begin(Communicator self, const char *op_name) except -1 nogil:
             raise ShmcommError(f"{op_name.decode()}: the process group was destroyed")
     if _group_aborted(self):
         with gil:
-            raise AbortedError(f"{op_name.decode()}: {_aborted_text(self)}")
+            raise _aborted(self, op_name.decode())
     if self.broken is not None:  # read without the GIL: set once, never cleared
         with gil:
             raise _unusable(self, op_name.decode())
@@ -238,9 +238,18 @@ cdef int _check_process(Communicator self) except -1:
 
 
 
-cdef str _aborted_text(Communicator self):
-    """``the group was aborted``, with who did it and why when the first to abort said."""
-    if self.hdr == NULL or self.hdr.abort_rank < 0:
-        return "the group was aborted"
-    reason = (<bytes>(<char *>self.hdr.abort_reason)).decode(errors="replace")
-    return f"the group was aborted by rank {self.hdr.abort_rank}: {reason}"
+cdef object _aborted(Communicator self, str what):
+    """The error of an operation on an aborted group: ``<what>: the group was aborted``, with
+    who did it and why when the first to abort said. A PeerFailureError naming the dead process
+    (its rank here, or -1 where it is not a member) when that abort's cause was a peer's death
+    (``Communicator.abort``'s ``cause``), else an AbortedError. The one home of both."""
+    cdef int pid = 0
+    text = "the group was aborted"
+    if self.hdr != NULL and self.hdr.abort_rank >= 0:
+        reason = (<bytes>(<char *>self.hdr.abort_reason)).decode(errors="replace")
+        text = f"the group was aborted by rank {self.hdr.abort_rank}: {reason}"
+        pid = self.hdr.abort_peer_pid
+    text = f"{what}: {text}"
+    if pid == 0:
+        return AbortedError(text)
+    return PeerFailureError(text, self.rank_of_pid(pid) if pid > 0 else -1, pid)

@@ -163,6 +163,32 @@ def test_abort_fails_pending_and_later_ops_on_every_rank():
     assert run_ranks(_abort, 2) == ["aborted", "aborted"]
 
 
+def _abort_for_a_death(rank, size):
+    """Rank 0 aborts as a composition does when it met a death elsewhere, naming that process
+    (here rank 2's, alive: only the plumbing is under test)."""
+    import os
+
+    from shmcomm.group import default_group
+
+    pids = [None] * size
+    sc.all_gather_object(pids, os.getpid())
+    if rank == 0:
+        default_group()._comm.abort("rank 2 died", sc.PeerFailureError("died", 7, pids[2]))
+    with pytest.raises(sc.PeerFailureError, match="aborted by rank 0: rank 2 died") as err:
+        for _ in range(1000):  # until the abort is seen (rank 0 at once)
+            sc.barrier()
+            time.sleep(0.01)
+    with pytest.raises(sc.PeerFailureError):
+        sc.send(np.ones(2), (rank + 1) % size)  # point to point too
+    return err.value.rank, err.value.pid == pids[2]
+
+
+@pytest.mark.timeout(60)
+def test_an_abort_for_a_death_reaches_every_rank_as_peer_failure():
+    """The death is renumbered as each rank's group numbers it (here one group: rank 2)."""
+    assert run_ranks(_abort_for_a_death, 3) == [(2, True)] * 3
+
+
 @pytest.mark.timeout(60)
 def test_rendezvous_timeout_names_missing_ranks():
     def lonely(rank, size):

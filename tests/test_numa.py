@@ -271,6 +271,8 @@ def _killed(rank, size):
 
     import shmcomm as sc
 
+    pids = [None] * size
+    sc.all_gather_object(pids, os.getpid())
     x = np.ones(1 << 16)
     t0 = time.monotonic()
     try:
@@ -280,7 +282,7 @@ def _killed(rank, size):
             sc.all_reduce(x)
             x[...] = 1
     except sc.PeerFailureError as e:
-        return time.monotonic() - t0, str(e)
+        return time.monotonic() - t0, str(e), e.rank, e.pid, pids[3]
     return None
 
 
@@ -293,6 +295,10 @@ def test_a_rank_killed_mid_composition_is_a_peer_failure_at_once():
         raise AssertionError(str(e)) from None
     for got in results[:3]:
         assert got is not None and got[0] < 15, results
+        # whichever group a survivor waited in (the whole one, its NUMA node's, its rail: woken
+        # by a peer's abort there), the error names the dead process by its whole-group rank
+        _, text, rank, pid, victim_pid = got
+        assert (rank, pid) == (3, victim_pid), got
 
 
 def _fake_sysfs(root, nodes: dict[int, str]) -> str:

@@ -165,12 +165,13 @@ class HierarchicalComm:
         """Run one composite collective; if it fails on this rank, abort the node group with the
         cause. Its node peers may be waiting in (or about to enter) a node step that this rank
         will never reach: without the abort they would pair it with the next operation and
-        report a mismatch, or wait out the timeout, instead of the real cause."""
+        report a mismatch, or wait out the timeout, instead of the real cause (a peer's death
+        reaches them as the PeerFailureError it is)."""
         try:
             fn(*args)
         except BaseException as exc:
             self._local.abort(f"{type(exc).__name__} on rank {self.rank} (node {self._node}): "
-                              f"{str(exc)[:400]}")
+                              f"{str(exc)[:400]}", exc)
             raise
 
     # ---- all_reduce ------------------------------------------------------------------------
