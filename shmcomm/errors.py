@@ -102,7 +102,9 @@ class AbortedError(ShmcommError):
     """The group was aborted (``Work.abort()`` or ``ProcessGroup.abort()`` on any rank).
 
     Every pending and later operation on that group raises it, on every rank; the group can
-    only be destroyed then.
+    only be destroyed then. Where the rank that aborted it did so because a peer died (a
+    composition across NUMA nodes or machines wakes ranks waiting in its other groups that way),
+    they raise the ``PeerFailureError`` naming that peer instead.
 
     Example::
 
