@@ -39,7 +39,7 @@ import numpy as np
 import shmcomm._core as _core
 from shmcomm.errors import PeerFailureError
 from shmcomm.launcher.cpus import cpu_domains
-from shmcomm.multinode.compose import HierarchicalComm, flat
+from shmcomm.multinode.compose import HierarchicalComm, flat, numpy_bfloat16
 from shmcomm.multinode.link import check_same, descriptor
 from shmcomm.multinode.topology import Topology
 from shmcomm.settings import find, read_int
@@ -126,18 +126,8 @@ def install(comm: _core.Communicator, nodes: list[int], threshold: int) -> NumaC
         raise
     numa = NumaComm(comm, topology, node, rail)
     comm.composite, comm.composite_bytes = numa, threshold
-    comm.composite_bf16 = _numpy_has_bfloat16()
+    comm.composite_bf16 = numpy_bfloat16() is not None  # its views need it; else bf16 stays flat
     return numa
-
-
-def _numpy_has_bfloat16() -> bool:
-    """Whether ml_dtypes can show a bfloat16 tensor to numpy (the composition's views need it;
-    without it bfloat16 stays on the flat paths)."""
-    try:
-        import ml_dtypes  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 class NumaComm:

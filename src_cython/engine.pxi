@@ -195,7 +195,7 @@ cdef class Communicator:
         # a derived group's (derive) are its parent's: the secret itself is not kept
         self.creds = secret if isinstance(secret, Credentials) else credentials(secret)
         self.threads_per_rank = threads_per_rank
-        self.busy_ranks = size if busy_ranks is None else max(size, busy_ranks)
+        self.busy_ranks = busy_rank_count(size, busy_ranks)
         settings = group_settings(size, threads_per_rank, self.busy_ranks)
         self.small_bytes = settings["small_bytes"]
         self.stream_bytes = settings["stream_bytes"]

@@ -36,6 +36,11 @@ def _last_level_cache_bytes():
     return _llc_bytes
 
 
+cdef int busy_rank_count(int size, object busy_ranks):
+    """Ranks of the job that busy-wait here: a group's own, or its parent's where more."""
+    return size if busy_ranks is None else max(size, <int>busy_ranks)
+
+
 def group_settings(int size, int threads_per_rank=1, busy_ranks=None):
     """The tuning of a group of ``size`` ranks: each SHMCOMM_* variable, else its default.
 
@@ -53,7 +58,6 @@ def group_settings(int size, int threads_per_rank=1, busy_ranks=None):
     from shmcomm.settings import GROUP_TUNING, read_int
     choose_simd_level()
     usable = len(os.sched_getaffinity(0))
-    busy = size if busy_ranks is None else max(size, busy_ranks)
-    facts = {"size": size, "fits": busy * max(1, threads_per_rank) <= usable,
+    facts = {"size": size, "fits": busy_rank_count(size, busy_ranks) * max(1, threads_per_rank) <= usable,
              "llc": _last_level_cache_bytes()}
     return {s.key: read_int(s, s.compute(facts)) for s in GROUP_TUNING}

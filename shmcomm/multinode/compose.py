@@ -29,7 +29,7 @@ from shmcomm.multinode.scratch import Scratch
 from shmcomm.multinode.topology import Topology
 from shmcomm.ops import ReduceOp
 
-__all__ = ["HierarchicalComm", "SMALL_BYTES", "flat"]
+__all__ = ["HierarchicalComm", "SMALL_BYTES", "flat", "numpy_bfloat16"]
 
 _SUM, _AVG, _PREMUL = int(ReduceOp.SUM), int(ReduceOp.AVG), _core.PREMUL_SUM
 # all_reduce at or below this many bytes: reduce to each node's leader, all_reduce along rail 0,
@@ -50,13 +50,28 @@ def flat(array, argname: str = "array", writable: bool = False) -> np.ndarray:
     """
     a, dtype = _core.as_numpy(array, argname, writable)
     if dtype == "bfloat16" and a.dtype.name != "bfloat16":  # a torch tensor's, seen as int16
-        try:
-            import ml_dtypes
-        except ImportError:
+        bfloat16 = numpy_bfloat16()
+        if bfloat16 is None:
             raise TypeError(f"{argname}: bfloat16 crosses nodes as an ml_dtypes array, and "
-                            "ml_dtypes is not installed: pip install ml_dtypes") from None
-        a = a.view(ml_dtypes.bfloat16)
+                            "ml_dtypes is not installed: pip install ml_dtypes")
+        a = a.view(bfloat16)
     return a.reshape(-1)
+
+
+def numpy_bfloat16():
+    """``ml_dtypes.bfloat16``, the numpy dtype ``flat`` shows a torch bfloat16 tensor as; None
+    where ml_dtypes is not installed.
+
+    Example::
+
+        >>> numpy_bfloat16() is None or numpy_bfloat16().__name__ == "bfloat16"
+        True
+    """
+    try:
+        import ml_dtypes
+    except ImportError:
+        return None
+    return ml_dtypes.bfloat16
 
 
 def _check_op(a: np.ndarray, op: int) -> None:
