@@ -530,10 +530,10 @@ def test_entry_point_is_the_lazy_autoload():
 @pytest.mark.parametrize("world", [2, 3])
 def test_functional_collectives_of_four_kinds_in_flight(world):
     """The async issue's heap corruption (4 kinds of functional collectives in flight): values
-    checked every iteration, 6 runs at 2 ranks (it crashed 10 of 10 runs, so 6 catch it; 20
-    runs took 100 s of the suite; fewer under the AddressSanitizer build, which checks every
-    access instead)."""
-    runs = (3 if os.environ.get("SHMCOMM_ASAN") else 6) if world == 2 else 3
+    checked every iteration, 3 runs at 2 ranks and 2 at 3 (it crashed 10 of 10 runs, so 3
+    catch it; 20 runs took 100 s of the suite; the AddressSanitizer build checks every access
+    of them besides)."""
+    runs = 3 if world == 2 else 2
     for _ in range(runs):
         proc = run_script([sys.executable, "-m", "shmcomm.launch", "-n", str(world),
                            "functional_mixed.py", "100"])
