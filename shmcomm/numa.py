@@ -39,7 +39,7 @@ import numpy as np
 import shmcomm._core as _core
 from shmcomm.errors import PeerFailureError
 from shmcomm.launcher.cpus import cpu_domains
-from shmcomm.multinode.compose import HierarchicalComm, flat, numpy_bfloat16
+from shmcomm.multinode.compose import HierarchicalComm, flat, name_in_whole_group, numpy_bfloat16
 from shmcomm.multinode.link import check_same, descriptor
 from shmcomm.multinode.topology import Topology
 from shmcomm.settings import find, read_int
@@ -183,11 +183,11 @@ class NumaComm:
             # itself, so its other operations keep failing as PeerFailureError, not AbortedError).
             # A death met in a level's group (or learnt from a peer's abort of it, which names
             # the dead process) carries that group's rank: renumbered as the whole group's.
+            if isinstance(exc, PeerFailureError) and exc.pid > 0:
+                name_in_whole_group(exc, self._comm.rank_of_pid(exc.pid))
             reason = (f"{type(exc).__name__} on rank {self._comm.rank} ({kind} inside NUMA "
                       f"nodes): {str(exc)[:400]}")
             if isinstance(exc, PeerFailureError):
-                if exc.pid > 0:
-                    exc.rank = self._comm.rank_of_pid(exc.pid)
                 self.abort(reason, exc)
             else:
                 self._comm.abort(reason)

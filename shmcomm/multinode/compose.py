@@ -24,12 +24,12 @@ import numpy as np
 
 import shmcomm._core as _core
 import shmcomm.multinode.uneven as uneven
-from shmcomm.errors import ShmcommError
+from shmcomm.errors import PeerFailureError, ShmcommError
 from shmcomm.multinode.scratch import Scratch
 from shmcomm.multinode.topology import Topology
 from shmcomm.ops import ReduceOp
 
-__all__ = ["HierarchicalComm", "SMALL_BYTES", "flat", "numpy_bfloat16"]
+__all__ = ["HierarchicalComm", "SMALL_BYTES", "flat", "name_in_whole_group", "numpy_bfloat16"]
 
 _SUM, _AVG, _PREMUL = int(ReduceOp.SUM), int(ReduceOp.AVG), _core.PREMUL_SUM
 # all_reduce at or below this many bytes: reduce to each node's leader, all_reduce along rail 0,
@@ -56,6 +56,21 @@ def flat(array, argname: str = "array", writable: bool = False) -> np.ndarray:
                             "ml_dtypes is not installed: pip install ml_dtypes")
         a = a.view(bfloat16)
     return a.reshape(-1)
+
+
+def name_in_whole_group(exc: PeerFailureError, rank: int) -> None:
+    """Renumber a death met in one level's group (or learnt of from a peer's abort of it), which
+    numbers its ranks from 0, as the whole group's ``rank``: ``exc.rank``, and its text says so.
+
+    Example::
+
+        >>> e = PeerFailureError("all_reduce: rank 1 (pid 42) died or left the group", 1, 42)
+        >>> name_in_whole_group(e, 3); (e.rank, str(e))
+        (3, 'all_reduce: rank 1 (pid 42) died or left the group [rank 3 of the whole group]')
+    """
+    if rank >= 0 and rank != exc.rank:
+        exc.rank = rank
+        exc.args = (f"{exc.args[0]} [rank {rank} of the whole group]", *exc.args[1:])
 
 
 def numpy_bfloat16():
@@ -185,6 +200,10 @@ class HierarchicalComm:
         try:
             fn(*args)
         except BaseException as exc:
+            if isinstance(exc, PeerFailureError) and exc.pid > 0:  # a death on this node
+                local = self._local.rank_of_pid(exc.pid)
+                if local >= 0:
+                    name_in_whole_group(exc, self.topology.nodes[self._node][local])
             self._local.abort(f"{type(exc).__name__} on rank {self.rank} (node {self._node}): "
                               f"{str(exc)[:400]}", exc)
             raise
