@@ -28,6 +28,9 @@ EXAMPLES = REPO / "examples" / "torch"
     ("ddp.py", 2, ["DDP: shmcomm matches gloo"]),
     ("fsdp2.py", 2, ["FSDP2: shmcomm matches gloo", "gradient divide factor: shmcomm matches gloo",
                      "buffers in shared memory: shmcomm matches its own run", "shared buffers made"]),
+    # torch at 8 ranks, as the users run it (here 8 ranks share 2 cores)
+    ("fsdp2.py", 8, ["FSDP2: shmcomm matches gloo", "gradient divide factor: shmcomm matches gloo",
+                     "buffers in shared memory: shmcomm matches its own run", "shared buffers made"]),
     ("hsdp.py", 4, ["HSDP: shmcomm matches gloo", "gloo across replicas, shmcomm within: shmcomm matches"]),
     ("tensor_parallel.py", 2, ["DTensor: shmcomm matches gloo"]),
     ("compiled_collectives.py", 2, ["compiled collectives: shmcomm matches gloo"]),
