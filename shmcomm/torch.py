@@ -484,7 +484,8 @@ class ShmcommProcessGroup(_ProcessGroupBase):
         self._group_name, self._group_desc = group_name, ""
         seconds = _seconds(timeout) or 1800.0
         place = _rendezvous(store, rank, size, group_name, seconds)
-        if isinstance(place, HierarchicalGroup):  # ranks on several machines
+        self._on_one_node = not isinstance(place, HierarchicalGroup)  # self._comm is the core's
+        if not self._on_one_node:  # ranks on several machines
             self._pg, self._comm, self._pool = place, place.comm, None
             return
         job, secret = place
@@ -567,13 +568,22 @@ class ShmcommProcessGroup(_ProcessGroupBase):
         """
         opts = opts if opts is not None else _c10d.AllreduceOptions()
         op = opts.reduceOp
-        if len(tensors) == 1 and type(op) is _ReduceOpType:  # the hot path: _reduction, inlined
+        if len(tensors) == 1 and type(op) is _ReduceOpType and self._on_one_node:
+            # the hot path: _reduction inlined, self._pg.run's call without its layer, and the
+            # tensor checked once, by the core as it takes it
             code = _HASHED_CODES.get(hash(op))
-            if code is not None and code != _PREMUL_SUM and _fast(tensors[0]):
-                if getattr(opts, "asyncOp", True):  # _async(opts)
-                    return _new_work(self._comm.all_reduce(tensors[0], code, True), tensors)
-                self._comm.all_reduce(tensors[0], code)  # self._pg.run's call, without its layer
-                return _DONE
+            if code is not None and code != _PREMUL_SUM:
+                try:
+                    if getattr(opts, "asyncOp", True):  # _async(opts)
+                        return _new_work(self._comm.all_reduce(tensors[0], code, True), tensors)
+                    self._comm.all_reduce(tensors[0], code)
+                    return _DONE
+                except (TypeError, ValueError) as exc:
+                    # The core raises these only while it checks its arguments, before anything
+                    # ran (its own errors, CollectiveMismatchError included, are ShmcommErrors):
+                    # a tensor to copy first, or a bad one, which the general path names.
+                    if isinstance(exc, ShmcommError):
+                        raise
         code, factor = _reduction(op)
         return self._reduce_each(_scaled(self._comm.all_reduce, factor), tensors, (code,), _async(opts))
 
