@@ -266,8 +266,9 @@ cdef _p2p_push(P2PEngine self, int dst, _Incoming req):
     _p2p_send_control(self, dst, MSG_PUSHED, req.msg_id, err)
     if err:
         del self.acks_due[req.msg_id]
-        _p2p_finish(self, op.future, ShmcommError(f"send to rank {dst}: writing into its buffer failed: "
-                                             f"{_os_error_text(err)}"), None, -1)
+        # ESRCH: the receiver died after it asked (a PeerFailureError, as every death is)
+        _p2p_finish(self, op.future, os_failure(f"send to rank {dst}: writing into its buffer", err,
+                                                dst, pid), None, -1)
 
 
 
