@@ -183,14 +183,12 @@ class NumaComm:
             # itself, so its other operations keep failing as PeerFailureError, not AbortedError).
             # A death met in a level's group (or learnt from a peer's abort of it, which names
             # the dead process) carries that group's rank: renumbered as the whole group's.
-            if isinstance(exc, PeerFailureError) and exc.pid > 0:
+            died = isinstance(exc, PeerFailureError)
+            if died and exc.pid > 0:
                 name_in_whole_group(exc, self._comm.rank_of_pid(exc.pid))
             reason = (f"{type(exc).__name__} on rank {self._comm.rank} ({kind} inside NUMA "
                       f"nodes): {str(exc)[:400]}")
-            if isinstance(exc, PeerFailureError):
-                self.abort(reason, exc)
-            else:
-                self._comm.abort(reason)
+            (self.abort if died else self._comm.abort)(reason, exc)
             raise
         self.calls += 1
 

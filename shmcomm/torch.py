@@ -373,11 +373,6 @@ class ShmcommWork(_WorkBase):
         return f"<shmcomm.torch.ShmcommWork {'done' if self.is_completed() else 'pending'}>"
 
 
-def _completed() -> ShmcommWork:
-    """The shared Work of every synchronous call: done, with no outputs of its own."""
-    return _new_work(None, [])
-
-
 def _new_work(work, outputs, after=None) -> ShmcommWork:
     """The ``ShmcommWork`` of one operation.
 
@@ -395,7 +390,8 @@ def _new_work(work, outputs, after=None) -> ShmcommWork:
     return w
 
 
-_DONE = _completed() if _HAVE_DIST else None
+# The shared Work of every synchronous call: done, with no outputs of its own.
+_DONE = _new_work(None, []) if _HAVE_DIST else None
 
 
 class _WorkFuture(torch.futures.Future):
