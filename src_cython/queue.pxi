@@ -234,8 +234,8 @@ cdef _start_thread(Communicator self):
 cdef void _progress(Communicator self) noexcept nogil:
     # The thread takes only ops issued before its last rest began: a fresh op belongs to the
     # thread that issued it, which usually waits for it at once or issues more first. While
-    # callers run every op themselves, the rest doubles (up to doze_max_ns: fewer wake-ups
-    # competing for the cores); the first op nobody waited for sets it back.
+    # callers run every op themselves, the rest doubles (up to doze_max: fewer wake-ups
+    # competing for the cores); the first op the thread has to run itself sets it back.
     cdef void *head
     cdef uint64_t before = 0, seen, last_seen = 0, doze = self.doze_ns, doze_max = 20 * self.doze_ns
     cdef uint64_t active = capi.shm_now_ns()
@@ -252,11 +252,11 @@ cdef void _progress(Communicator self) noexcept nogil:
                 continue
         before = capi.shm_engine_issued(&self.engine)
         capi.shm_engine_rest(&self.engine, before, capi.shm_now_ns() - active > IDLE_NS, doze, SLICE_NS)
-        # Ops came in during the rest: they are ours after one short rest unless their issuer
-        # runs them meanwhile. Nothing came: rest longer.
-        if capi.shm_engine_pending(&self.engine) and not capi.shm_engine_busy(&self.engine):
-            doze = self.doze_ns
-        else:
+        # Ops came in during the rest: they are ours after the next rest unless their issuer
+        # runs them meanwhile; that rest keeps its length. (Shortening it whenever an op was
+        # pending woke the thread every 50 us in an issue-then-wait loop, torch's functional
+        # collectives: 35 -> 27 us a call at 2 ranks on 2 cores.) Nothing pending: rest longer.
+        if not capi.shm_engine_pending(&self.engine):
             doze = min(2 * doze, doze_max)
 
 
