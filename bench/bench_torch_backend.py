@@ -258,9 +258,13 @@ def rank_main(rank: int, size: int, args) -> dict | None:
         null_us = statistics.median(floor["null"]) * 1e6
         extra.append(f"dist.all_reduce of 2 floats {torch_us:.2f} us, sc.all_reduce in the same "
                      f"processes {own_us:.2f} us: {torch_us / own_us:.1f}x (goal <= 3x at 2 ranks)")
-        extra.append(f"  torch's own layer (dist.all_reduce on a backend that does nothing) {null_us:.2f} us: "
-                     f"a backend adding nothing to sc.all_reduce would be at {(null_us + own_us) / own_us:.1f}x; "
-                     f"shmcomm's adds {torch_us - null_us - own_us:.2f} us")
+        split = (f"a backend adding nothing to sc.all_reduce would be at {(null_us + own_us) / own_us:.1f}x; "
+                 f"shmcomm's adds {torch_us - null_us - own_us:.2f} us")
+        if world > len(os.sched_getaffinity(0)):
+            # Each call then waits for ranks the scheduler has taken off the cores: a longer
+            # call between two collectives waits longer, and the parts no longer add up.
+            split = "more ranks than cores here, so the costs do not add up (each call waits for descheduled ranks)"
+        extra.append(f"  torch's own layer (dist.all_reduce on a backend that does nothing) {null_us:.2f} us: {split}")
 
     if "funcol" in sections:  # ---- functional all_reduce of 8 KiB, waited at once
         import torch.distributed._functional_collectives as funcol

@@ -96,7 +96,8 @@ _HIDDEN_SIGNATURES = {"shmcomm.Work", "shmcomm.ProcessGroup", "shmcomm.ReduceOp"
 
 def _clean_signature(app, what, name, obj, options, signature, return_annotation):
     if what == "class" and name in _HIDDEN_SIGNATURES:
-        return "", None
+        # (None: nothing to hide; Sphinx 9 fails on a replacement for a signature it has not got)
+        return ("", None) if signature is not None else None
     if name == "shmcomm.Future" and what == "class":
         return "(*, devices=None)", None
     if not signature:

@@ -280,7 +280,8 @@ class ShmcommWork(_WorkBase):
             dist.broadcast(t, src=0, async_op=True).wait()
         """
         if self._work is not None:
-            self._work.wait(_seconds(timeout))
+            # torch's C++ passes timedelta(0), "no timeout", on every wait_tensor: falsy, like None
+            self._work.wait(_seconds(timeout) if timeout else None)
         self._finish()
         return True
 
