@@ -248,7 +248,8 @@ class ShmcommWork(_WorkBase):
 
     ``wait()`` raises the operation's error (a ``shmcomm.ShmcommError`` such as
     ``PeerFailureError`` or ``CollectiveMismatchError``), and ``get_future()`` gives a
-    ``torch.futures.Future`` completed with the output tensors or failed with that error::
+    ``torch.futures.Future`` completed with the output tensors or failed with a RuntimeError
+    naming that error::
 
         work = dist.all_reduce(t, async_op=True)
         work.wait()                                   # raises if the all_reduce failed
@@ -345,7 +346,9 @@ class ShmcommWork(_WorkBase):
         """
 
     def get_future(self):
-        """A ``torch.futures.Future`` completed with the outputs, or failed with the error.
+        """A ``torch.futures.Future`` completed with the outputs, or failed with the error (a
+        ``RuntimeError`` naming it, as torch's own backends fail theirs; ``wait()`` on the Work
+        raises the ``shmcomm`` error itself).
 
         Example::
 
@@ -357,18 +360,23 @@ class ShmcommWork(_WorkBase):
                 self._finish()
                 self._future.set_result(self._outputs)
             else:
-                self._future = _WorkFuture(self._work)
-                self._work.get_future().add_done_callback(self._complete)
+                # C++ readers of the future (DDP's reducer) see only its C++ state: failed, it must
+                # be an error there, which only a raising then() callback makes. (A future
+                # completed with the exception as its value, set_exception's way, reads as a
+                # success holding no tensors: DDP's reducer crashed on it.)
+                outcome = torch.futures.Future()
+                self._future = outcome.then(_outputs_or_raise)
+                self._work.get_future().add_done_callback(lambda done: self._complete(done, outcome))
         return self._future
 
-    def _complete(self, done) -> None:
+    def _complete(self, done, outcome) -> None:
         try:
             done.value()
             self._finish()
         except BaseException as exc:  # noqa: BLE001 - carried to the torch future
-            self._future.set_exception(exc)
+            outcome.set_exception(exc)
             return
-        self._future.set_result(self._outputs)
+        outcome.set_result(self._outputs)
 
     def __repr__(self) -> str:
         return f"<shmcomm.torch.ShmcommWork {'done' if self.is_completed() else 'pending'}>"
@@ -395,36 +403,9 @@ def _new_work(work, outputs, after=None) -> ShmcommWork:
 _DONE = _new_work(None, []) if _HAVE_DIST else None
 
 
-class _WorkFuture(torch.futures.Future):
-    """The ``torch.futures.Future`` of a pending operation (``ShmcommWork.get_future()``).
-
-    ``wait()`` first runs the group's queued operations up to this one on the waiting thread, as
-    ``Work.wait()`` does. Then-callbacks run on the thread that completed the operation, often
-    the group's progress thread: one that issues a collective and waits for its future (as
-    PowerSGD's DDP hook does) would otherwise wait for the very thread it runs on.
-
-    Example::
-
-        fut = dist.all_reduce(t, async_op=True).get_future()
-        fut.then(lambda f: dist.all_reduce(f.value()[0], async_op=True).get_future().wait())
-    """
-
-    def __init__(self, work):
-        super().__init__()
-        self._work = work  # the shmcomm Work
-
-    def wait(self):
-        """The operation's outputs, once it completed; raises its error.
-
-        Example::
-
-            out, = dist.broadcast(t, src=0, async_op=True).get_future().wait()
-        """
-        try:
-            self._work.wait()
-        except Exception:  # noqa: BLE001, S110 - the future holds the error: raised just below
-            pass
-        return super().wait()
+def _outputs_or_raise(outcome):
+    """The then() callback of ``ShmcommWork.get_future``: the outputs, or the error raised."""
+    return outcome.value()
 
 
 def _gathered(output_lists: list) -> list:

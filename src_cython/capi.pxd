@@ -119,7 +119,7 @@ cdef extern from "shm_engine.h" nogil:
     void *shm_engine_claim_ticket_below(shm_engine_t *e, uint64_t tickets)
     uint64_t shm_engine_issued(shm_engine_t *e)
     uint64_t shm_engine_eager_until(shm_engine_t *e)
-    void shm_engine_push_eager(shm_engine_t *e)
+    void shm_engine_start_issued(shm_engine_t *e)
     int shm_engine_claim_inline(shm_engine_t *e)
     void shm_engine_release(shm_engine_t *e, int claim, int queued)
     int shm_engine_idle(shm_engine_t *e)

@@ -202,7 +202,7 @@ cdef object _go(Communicator self, _Call call, object owners, object outputs, bi
     if self.thread is None:
         _start_thread(self)
     if o.nbytes >= EAGER_BYTES and o.kind != K_PYTHON:
-        capi.shm_engine_push_eager(&self.engine)  # worth a wake-up: start it now
+        capi.shm_engine_start_issued(&self.engine)  # worth a wake-up: start it now
     return call
 
 
@@ -258,6 +258,13 @@ cdef void _progress(Communicator self) noexcept nogil:
         # collectives: 35 -> 27 us a call at 2 ranks on 2 cores.) Nothing pending: rest longer.
         if not capi.shm_engine_pending(&self.engine):
             doze = min(2 * doze, doze_max)
+
+
+
+cdef inline bint _on_progress_thread(Communicator self):
+    """Whether the caller is this group's progress thread (running a Future's callbacks)."""
+    thread = self.thread
+    return thread is not None and (<object>thread).ident == threading.get_ident()
 
 
 

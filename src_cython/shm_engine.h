@@ -66,7 +66,7 @@ typedef struct {
     uint32_t drivers;        /* threads waiting in a drive loop: the background thread leaves
                                 the queue to them instead of competing for the cores */
     uint32_t stop;
-    uint64_t eager_until;    /* tickets below this were submitted as "start at once" (large ops) */
+    uint64_t eager_until;    /* tickets below this may start at once (large ops; ops whose Future was asked for) */
 } shm_engine_t;
 
 static inline int shm_engine_init(shm_engine_t *e) {
@@ -114,9 +114,10 @@ static inline int shm_engine_push(shm_engine_t *e, void *op) {
     return 0;
 }
 
-/* After pushing ticket `t`, a large op: the background thread may start it at once (a wake-up
- * costs microseconds; the op milliseconds that the caller can spend computing meanwhile). */
-static inline void shm_engine_push_eager(shm_engine_t *e) {
+/* The background thread may start every op issued so far at once: after pushing a large op (a
+ * wake-up costs microseconds; the op milliseconds that the caller can spend computing meanwhile),
+ * or when an op's Future is asked for (its waiter blocks on the Future and runs nothing). */
+static inline void shm_engine_start_issued(shm_engine_t *e) {
     uint64_t t = shm_engine_issued(e);
     uint64_t seen = __atomic_load_n(&e->eager_until, __ATOMIC_RELAXED);
     while (seen < t && !__atomic_compare_exchange_n(&e->eager_until, &seen, t, 1, __ATOMIC_RELEASE, __ATOMIC_RELAXED)) {}

@@ -168,7 +168,9 @@ cdef class Work(_Call):
         """A ``Future`` completed with ``result()``, or with the operation's error.
 
         Its callbacks run on the thread that completes the operation (the group's progress
-        thread, or a waiter). Every call returns the same Future.
+        thread, or a waiter). Every call returns the same Future. Asking for it starts the
+        operation now on the progress thread (waiting on a Future runs nothing); asked for on
+        the progress thread itself, inside a callback, it runs the operation there first.
 
         Returns:
             Future[list]: completes when the operation does.
@@ -186,6 +188,15 @@ cdef class Work(_Call):
         if capi.shm_op_mark(&self.o.state, SHM_OP_FUTURE_WANTED) & SHM_OP_DONE:
             with nogil:  # completed before the want was seen: settle it here
                 _settle_future(&self.o)
+        elif _on_progress_thread(self._comm):
+            # A callback of this group's ops that waits on this Future would block the one
+            # thread that runs them: run the queue up to this op here, as Work.wait would.
+            with nogil:
+                _drive(self._comm, &self.o, True, 0.0)
+        else:
+            # Whoever waits on a Future runs nothing: the progress thread starts the op now,
+            # not after its rest (a small op waited that way took 300 us, its rest).
+            capi.shm_engine_start_issued(&self._comm.engine)
         return self.future
 
     def source_rank(self):

@@ -633,3 +633,26 @@ def _drop_works_with_futures(rank, size, n):
 @pytest.mark.timeout(120)
 def test_works_dropped_after_wait_with_futures_handed_out():
     assert all(run_ranks(_drop_works_with_futures, 2, 300 if os.environ.get("SHMCOMM_ASAN") else 1000))
+
+
+def _callback_waits_for_its_own_collective(rank, size):
+    """A then() callback runs on the thread that completed the operation, often the progress
+    thread; one that issues a collective and waits on its Future blocked that thread, the only
+    one left to run the collective (Future.wait runs nothing): a hang, cut here by the timeout.
+    Now a Future asked for on the progress thread runs its op there first."""
+    def step(fut):
+        return sc.all_reduce(fut.value()[0] * 2, async_op=True).get_future().wait(timeout=20)
+
+    fut = sc.all_reduce(np.ones(3), async_op=True).get_future()
+    got = fut.then(step).then(step).wait(timeout=30)
+    np.testing.assert_array_equal(got[0], np.full(3, 2.0 * size * 2 * size * size))
+    # waited through Futures only (nobody calls Work.wait): every op still runs
+    values = sc.wait_all([sc.all_reduce(np.full(2, float(i)), async_op=True).get_future() for i in range(50)])
+    assert [v[0][0] for v in values] == [float(i * size) for i in range(50)]
+    return True
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_callback_may_wait_for_a_collective_it_issued(world):
+    assert all(run_ranks(_callback_waits_for_its_own_collective, world))

@@ -205,6 +205,30 @@ def test_peer_death_raises_peer_failure(tmp_path):
 
 
 @pytest.mark.timeout(60)
+def test_peer_death_in_ddp_backward_fails_every_survivor_cleanly(tmp_path):
+    """A rank dies between DDP steps: every survivor's next backward, where DDP's reducer waits
+    for its gradient all-reduces through their futures, raises a RuntimeError naming the
+    PeerFailureError. (Those futures once failed by holding the error as their value, which
+    the reducer's C++ reads as a success without tensors: it crashed the survivors, SIGSEGV.)"""
+    def fn(rank, size):
+        torch.manual_seed(0)  # no buffers: the forward has no collective of its own
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.002)
+        x, y = torch.randn(8, 16), torch.randn(8, 4)
+        for _ in range(2):  # the second forward rebuilds DDP's buckets (a broadcast)
+            torch.nn.functional.mse_loss(ddp(x), y).backward()
+        dist.barrier()
+        if rank == 0:
+            os._exit(3)
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        with pytest.raises(RuntimeError, match=r"PeerFailureError: .*rank 0 \(pid \d+\) died"):
+            loss.backward()
+        return True
+
+    assert torch_ranks(fn, 3, tmp_path, expect_dead=(0,))[1:] == [True, True]
+
+
+@pytest.mark.timeout(60)
 def test_bad_arguments_raise_clear_errors(tmp_path):
     def fn(rank, size):
         with pytest.raises(TypeError, match="PREMUL_SUM needs a floating-point dtype"):
