@@ -24,6 +24,7 @@ import numpy as np
 
 import shmcomm._core as _core
 import shmcomm.multinode.uneven as uneven
+from shmcomm.multinode.link import lost_peer
 from shmcomm.errors import PeerFailureError, ShmcommError
 from shmcomm.multinode.scratch import Scratch
 from shmcomm.multinode.topology import Topology
@@ -200,13 +201,16 @@ class HierarchicalComm:
         try:
             fn(*args)
         except BaseException as exc:
-            if isinstance(exc, PeerFailureError) and exc.pid > 0:  # a death on this node
-                local = self._local.rank_of_pid(exc.pid)
+            failure = lost_peer(exc) or exc  # a death on another node, as its link said it
+            if isinstance(failure, PeerFailureError) and failure.pid > 0:  # a death on this node
+                local = self._local.rank_of_pid(failure.pid)
                 if local >= 0:
-                    name_in_whole_group(exc, self.topology.nodes[self._node][local])
-            self._local.abort(f"{type(exc).__name__} on rank {self.rank} (node {self._node}): "
-                              f"{str(exc)[:400]}", exc)
-            raise
+                    name_in_whole_group(failure, self.topology.nodes[self._node][local])
+            self._local.abort(f"{type(failure).__name__} on rank {self.rank} (node {self._node}): "
+                              f"{str(failure)[:400]}", failure)
+            if failure is exc:
+                raise
+            raise failure from exc
 
     # ---- all_reduce ------------------------------------------------------------------------
     def all_reduce(self, array, op: int = _SUM, async_op: bool = False, factor: float = 1.0):

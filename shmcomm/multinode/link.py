@@ -25,18 +25,19 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import zlib
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
-from shmcomm.errors import CollectiveMismatchError
+from shmcomm.errors import CollectiveMismatchError, PeerFailureError
 
 if TYPE_CHECKING:
     from shmcomm.multinode.store import Meeting
 
 __all__ = ["ENGINES", "Engine", "Launch", "Link", "Request", "check_same", "connect", "descriptor",
-           "engine", "engine_name"]
+           "engine", "engine_name", "lost_peer"]
 
 # SHMCOMM_LINK value -> the module of that engine
 ENGINES = {
@@ -233,3 +234,26 @@ def _describe(row: list[int], dtype_names: dict[int, str]) -> str:
     if root >= 0:
         args.append(f"root={root}")
     return f"{name}({', '.join(args)})"
+
+
+# What a link's transport says when the process at the other end is gone (gloo's TCP pairs:
+# "Connection closed by peer [addr]:port", "Connection reset by peer", a write's broken pipe).
+_LOST_PEER = re.compile(r"Connection (?:closed|reset) by peer|Broken pipe")
+
+
+def lost_peer(exc: BaseException) -> PeerFailureError | None:
+    """A link's error that means a rank on another node died or left, as the PeerFailureError it
+    is (its rank and pid are unknown here: -1); None for any other error. Users catch
+    PeerFailureError for a peer's death, on one node or several.
+
+    Example::
+
+        lost_peer(RuntimeError("[pair.cc:534] Connection closed by peer [10.0.0.2]:4021"))
+        # PeerFailureError("a rank on another node died or left the group ([pair.cc:534] ...)")
+    """
+    if isinstance(exc, PeerFailureError) or not isinstance(exc, (RuntimeError, OSError)):
+        return None
+    text = str(exc)
+    if not _LOST_PEER.search(text):
+        return None
+    return PeerFailureError(f"a rank on another node died or left the group ({text.strip()[:300]})")
