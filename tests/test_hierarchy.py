@@ -107,6 +107,51 @@ def test_composed_collectives_match_numpy_in_both_rank_layouts(layout, tmp_path)
             assert results[r][("broadcast", count)] == bits(last), f"broadcast {count} rank {r}"
 
 
+def _death_on_the_other_node(rank, size, store_path, job):
+    """Nodes a = ranks 0, 1 and b = 2, 3; rank 3 dies. Rank 0 waits in a receive from it (the
+    world link), ranks 1 and 2 in an all_reduce (rank 1's rail peer is rank 3; rank 2's node
+    peer): each must raise PeerFailureError."""
+    import os
+
+    import torch.distributed as dist
+    from shmcomm import PeerFailureError, _core
+    from shmcomm.multinode.compose import HierarchicalComm
+    from shmcomm.multinode.gloo_link import BUSY_THREADS, connect
+    from shmcomm.multinode.store import StoreMeeting
+    from shmcomm.multinode.topology import Topology
+
+    topology = Topology(LAYOUTS["consecutive"])
+    node, local = topology.node_of[rank], topology.local_of[rank]
+    comm = _core.Communicator(f"{job}n{node}", "node", local, len(topology.nodes[node]), 30.0,
+                              threads_per_rank=1 + BUSY_THREADS)
+    rail, world = connect(StoreMeeting(dist.FileStore(store_path, size), "test", rank, size), 30.0,
+                          topology.rails)
+    h = HierarchicalComm(topology, rank, comm, rail, world)
+    h.all_reduce(np.ones(8, np.float32), 0)  # every link and group met
+    if rank == 3:
+        os._exit(3)
+    try:
+        if rank == 0:
+            h.irecv(np.empty(4, np.float32), src=3).wait()
+        else:
+            h.all_reduce(np.ones(1 << 16, np.float32), 0)
+    except PeerFailureError as exc:
+        return type(exc).__name__
+    finally:
+        h.close()
+        comm.close()
+    return "no error"
+
+
+@pytest.mark.timeout(120)
+def test_a_death_on_another_node_raises_peer_failure_on_every_survivor(tmp_path):
+    """Whether a survivor meets the death on a gloo link (its words, "Connection closed by peer",
+    became a DistBackendError or a plain ShmcommError) or through its node group."""
+    results = run_ranks(_death_on_the_other_node, 4, str(tmp_path / "store"), f"hier-death-{tmp_path.name}"[:40],
+                        init=False, timeout=90, expect_dead=(3,))
+    assert results[:3] == ["PeerFailureError"] * 3, results
+
+
 @pytest.mark.timeout(180)
 def test_simulated_nodes_run_the_numpy_api_under_shmrun():
     """SHMCOMM_SIMULATE_NODES=2: four ranks of one shmrun act as two nodes of two (shared memory

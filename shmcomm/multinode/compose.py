@@ -562,7 +562,7 @@ class LinkWork:
                 self._request.wait(timeout)
             except Exception as exc:  # noqa: BLE001 - the engine's error, as shmcomm's
                 self._done = True
-                self._error = exc if isinstance(exc, ShmcommError) else ShmcommError(
+                self._error = exc if isinstance(exc, ShmcommError) else lost_peer(exc) or ShmcommError(
                     f"point-to-point across nodes failed: {exc}")
                 if self._error is exc:
                     raise
