@@ -119,8 +119,9 @@ except Exception:  # noqa: BLE001 - an optimisation only: _reduction falls back 
 
 
 def _seconds(timeout) -> float | None:
-    """Seconds of a torch timeout (timedelta or number); None for 'no timeout' (0 or negative)."""
-    if timeout is None:
+    """Seconds of a torch timeout (timedelta or number); None for 'no timeout' (0 or negative).
+    torch's C++ passes timedelta(0) on every wait_tensor: falsy, like None, so it returns at once."""
+    if not timeout:
         return None
     if isinstance(timeout, datetime.timedelta):
         timeout = timeout.total_seconds()
@@ -281,8 +282,7 @@ class ShmcommWork(_WorkBase):
             dist.broadcast(t, src=0, async_op=True).wait()
         """
         if self._work is not None:
-            # torch's C++ passes timedelta(0), "no timeout", on every wait_tensor: falsy, like None
-            self._work.wait(_seconds(timeout) if timeout else None)
+            self._work.wait(_seconds(timeout))
         self._finish()
         return True
 

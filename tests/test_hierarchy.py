@@ -23,7 +23,9 @@ COUNTS = (1, 333, 300_000)
 ODD_LARGE = (4 << 20) // 4 + 1
 
 
-def _compose(rank, size, hosts, store_path, job):
+def _hierarchy(rank, size, hosts, store_path, job):
+    """This rank's HierarchicalComm over ``hosts`` (its node group a real shared-memory group, its
+    links real gloo ones) and its node group, to close after it."""
     import torch.distributed as dist
 
     from shmcomm import _core
@@ -38,7 +40,13 @@ def _compose(rank, size, hosts, store_path, job):
                               threads_per_rank=1 + BUSY_THREADS)
     meeting = StoreMeeting(dist.FileStore(store_path, size), "test", rank, size)
     rail, world = connect(meeting, 30.0, topology.rails)
-    h = HierarchicalComm(topology, rank, comm, rail, world)
+    return HierarchicalComm(topology, rank, comm, rail, world), comm
+
+
+def _compose(rank, size, hosts, store_path, job):
+    from shmcomm import _core
+
+    h, comm = _hierarchy(rank, size, hosts, store_path, job)
     got = {}
     try:
         for count in COUNTS:
@@ -113,20 +121,9 @@ def _death_on_the_other_node(rank, size, store_path, job):
     peer): each must raise PeerFailureError."""
     import os
 
-    import torch.distributed as dist
-    from shmcomm import PeerFailureError, _core
-    from shmcomm.multinode.compose import HierarchicalComm
-    from shmcomm.multinode.gloo_link import BUSY_THREADS, connect
-    from shmcomm.multinode.store import StoreMeeting
-    from shmcomm.multinode.topology import Topology
+    from shmcomm import PeerFailureError
 
-    topology = Topology(LAYOUTS["consecutive"])
-    node, local = topology.node_of[rank], topology.local_of[rank]
-    comm = _core.Communicator(f"{job}n{node}", "node", local, len(topology.nodes[node]), 30.0,
-                              threads_per_rank=1 + BUSY_THREADS)
-    rail, world = connect(StoreMeeting(dist.FileStore(store_path, size), "test", rank, size), 30.0,
-                          topology.rails)
-    h = HierarchicalComm(topology, rank, comm, rail, world)
+    h, comm = _hierarchy(rank, size, LAYOUTS["consecutive"], store_path, job)
     h.all_reduce(np.ones(8, np.float32), 0)  # every link and group met
     if rank == 3:
         os._exit(3)

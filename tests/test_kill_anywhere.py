@@ -148,8 +148,10 @@ def _survivors_fail_fast(procs: list[subprocess.Popen], victim: int, job: str,
             except subprocess.TimeoutExpired:
                 p.kill()
                 outs[r] = "still waiting 15 s after the kill: " + p.communicate()[0]
-    left = [seg for seg in segments.list_segments(job=None if before is not None else job)
-            if before is None or seg.name not in before]
+    if before is None:
+        left = segments.list_segments(job=job)
+    else:
+        left = [seg for seg in segments.list_segments() if seg.name not in before]
     for seg in left:
         try:
             os.unlink(seg.path)
