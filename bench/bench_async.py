@@ -26,9 +26,9 @@ import statistics
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, REPO)  # measure this checkout, whatever copy is installed
+import checkout  # noqa: E402 - bench/checkout.py, beside this script
+
+checkout.use_checkout()  # this checkout where built in place, else the installed shmcomm
 
 SIZES = (8, 64 << 10)
 TORCH_BYTES = 8 << 10
@@ -161,7 +161,6 @@ def main(argv: list[str] | None = None) -> int:
     use_torch = not args.no_torch and _have_torch()
     env_threads = os.environ.setdefault("OMP_NUM_THREADS", "1")  # the ranks inherit it
     # The ranks import shmcomm afresh: make it this checkout's too.
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
     results = sc.spawn(_worker, args.nranks, args=(args.rounds, args.iters, use_torch, args.overlap_size),
                        timeout=120.0)
     times, overlap = results[0]

@@ -17,9 +17,9 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, REPO)  # measure this checkout, whatever copy is installed
+import checkout  # noqa: E402 - bench/checkout.py, beside this script
+
+checkout.use_checkout()  # this checkout where built in place, else the installed shmcomm
 
 
 def _blocked_call(rank: int, late: float, all_reduce, barrier) -> dict | None:
@@ -47,7 +47,6 @@ def run_shmcomm(late: float) -> dict:
     import shmcomm as sc
 
     # The ranks import shmcomm afresh: make it this checkout's too.
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
     return sc.spawn(_shmcomm_rank, 2, args=(late,), timeout=late + 60)[0]
 
 

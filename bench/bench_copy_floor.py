@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, REPO)  # measure this checkout, whatever copy is installed
+import checkout  # noqa: E402 - bench/checkout.py, beside this script
+
+checkout.use_checkout()  # this checkout where built in place, else the installed shmcomm
 
 CASES = ("copyto", "numpy", "sc.empty")
 
@@ -77,7 +76,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)
     # The ranks import shmcomm afresh: make it this checkout's too.
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
     results = sc.spawn(_worker, args.nranks, args=(args.size, args.rounds, args.iters), timeout=120.0)
     if not all(ok for _, ok in results):
         print("wrong all_reduce result", file=sys.stderr)

@@ -22,8 +22,10 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "bench"))
+import checkout  # noqa: E402
+
+checkout.use_checkout()  # this checkout where built in place, else the installed shmcomm
 
 from shmcomm.bench.sizes import parse_size  # noqa: E402 - after the path is set
 

@@ -34,9 +34,9 @@ import sys
 import time
 
 
-# Measure this checkout's shmcomm (the ranks inherit PYTHONPATH).
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+import checkout  # noqa: E402 - bench/checkout.py, beside this script
+
+checkout.use_checkout()  # this checkout where built in place, else the installed shmcomm
 
 
 def _mlp():
@@ -398,7 +398,6 @@ def main(argv=None) -> int:
     import shmcomm as sc
 
     # The ranks import shmcomm afresh: make it this checkout's too; one thread each, as before.
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
     os.environ["OMP_NUM_THREADS"] = "1"
     report(sc.spawn(rank_main, args.n, args=(args,))[0], args)
     return 0

@@ -17,13 +17,13 @@ Per total size, each round times (the median of the rounds is reported, with the
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))  # measure this checkout, whatever copy is installed
+import checkout  # noqa: E402 - bench/checkout.py, beside this script
+
+checkout.use_checkout()  # this checkout where built in place, else the installed shmcomm
 
 CASES = ("even", "all_gather_v", "list", "broadcasts", "rs_even", "reduce_scatter_v")
 

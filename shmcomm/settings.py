@@ -58,30 +58,37 @@ class Setting:
 
 
 def _one_shot_bytes(size: int, fits: bool) -> int:
-    """The default largest one-shot message: 32 KiB read per rank while the ranks fit the
-    cores (at least 1 KiB), else 16 KiB.
+    """The default largest one-shot reduction. One shot makes every rank read every rank's
+    message (size x ranks bytes each); two steps of reduce-scatter + all-gather read about two
+    messages but wait twice. So the limit falls with the square of the group: 64 KiB / ranks^2
+    while the ranks fit the cores (16 KiB at 2 ranks, the 2-core tuning; on 16 cores two steps
+    won from 1 KiB at 8 ranks and 512 B at 16), 256 KiB / ranks^2 where they outnumber the cores
+    (each further step waits for descheduled peers: 16 KiB at 3 and 4 ranks on 2 cores, the
+    2-core tuning; 256 B at 32 ranks on 16 cores, where two steps won from 1 KiB). Rounded down
+    to a cache line, at least one, at most 16 KiB.
 
     Example::
 
-        >>> [_one_shot_bytes(n, True) for n in (1, 2, 3, 4, 8, 16, 64)]
-        [32768, 16384, 10880, 8192, 4096, 2048, 1024]
-        >>> _one_shot_bytes(32, False)
-        16384
+        >>> [_one_shot_bytes(n, True) for n in (1, 2, 3, 4, 8, 16, 32, 64)]
+        [16384, 16384, 7232, 4096, 1024, 256, 64, 64]
+        >>> [_one_shot_bytes(n, False) for n in (3, 4, 8, 16, 32, 64)]
+        [16384, 16384, 4096, 1024, 256, 64]
     """
-    if not fits:
-        return 16384
-    return max(1024, (32768 // max(size, 1)) // 64 * 64)
+    budget = 65536 if fits else 262144
+    size = max(size, 1)
+    return min(16384, max(64, (budget // (size * size)) // 64 * 64))
 
 
 SETTINGS: tuple[Setting, ...] = (
     # ---- group tuning (the compiled core; defaults measured on 2 cores, see DESIGN-NOTES) ----
-    # One-shot makes every rank read every rank's message: size x ranks bytes each. Keep that
-    # near 32 KiB, the 2-rank figure it was tuned at: on 16 cores a 16 KiB one-shot at 16 ranks
-    # (256 KiB read per rank) took 62 us, a 64 KiB reduce-scatter + all-gather 45 us. With more
-    # ranks than cores every further step waits for a peer to be scheduled: stay at 16 KiB.
-    Setting("SHMCOMM_SMALL_BYTES", "group", "32 KiB / ranks (16 KiB at 2, 2 KiB at 16); 16 KiB "
-            "if the ranks outnumber the cores", "messages up to this size go one-shot through "
-            "the slots", 0, "small_bytes", lambda g: _one_shot_bytes(g["size"], bool(g["fits"]))),
+    # One-shot makes every rank read every rank's message: size x ranks bytes each. On 16 cores
+    # (all_reduce, us per call) one shot against two steps: 8 ranks 1 KiB 4.7-5.0 / 3.7-4.5,
+    # 2 KiB 6.9-7.1 / 4.3-5.5; 16 ranks 512 B 5.9 / 4.3, 1 KiB 7.4 / 4.8; 32 ranks on 16 cores
+    # 1 KiB 52-75 / 34, 4 KiB 181 / 36-50. See _one_shot_bytes.
+    Setting("SHMCOMM_SMALL_BYTES", "group", "64 KiB / ranks^2 (16 KiB at 2, 1 KiB at 8, 256 B "
+            "at 16, at least 64 B); 256 KiB / ranks^2 (at most 16 KiB) if the ranks outnumber "
+            "the cores", "reductions up to this size go one-shot through the slots", 0,
+            "small_bytes", lambda g: _one_shot_bytes(g["size"], bool(g["fits"]))),
     # Streaming stores from half the last-level cache: smaller outputs stay cached where the
     # caller reads them next (on a 32 MiB-L3 VM, all_gather: 8 MiB streamed 0.6-2.3 ms vs
     # 0.7-0.8 ms, 32 MiB 3.8-4.3 ms vs 4.7-5.2 ms). Reductions, whose outputs are their cached

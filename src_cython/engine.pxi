@@ -43,14 +43,21 @@ from cpython.exc cimport PyErr_CheckSignals
 
 cdef uint64_t SLICE_NS = 50 * 1000 * 1000  # futex sleep slice: how often health is checked
 cdef uint64_t SPIN_FLOOR_NS = 20 * 1000     # adaptive spinning never goes below this budget
+# A wait that slept but ended within this long after its spin budget ran out met a peer that was
+# only being woken (a futex wake-up on a VM's idle core takes 50-70 us): more spinning would have
+# caught it. Counting such waits as failures collapsed 16 ranks on 16 cores into sleeping through
+# every step (all_reduce of 8 B: 70 us a call instead of 3; 32 ranks: 2 ms).
+cdef uint64_t WAKE_GRACE_NS = 200 * 1000
 cdef int SHARED_WAITS_TO_MOVE = 32         # waits in a row on the peer's core before moving off it
 cdef uint64_t MOVE_GAP_NS = 10 * 1000 * 1000  # and at most one such move per this long
 cdef uint64_t IDLE_NS = 20 * 1000 * 1000    # after this long without ops the progress thread sleeps
 cdef size_t EAGER_BYTES = 256 << 10         # async ops this large start on the progress thread at once
 # Collectives attach to peers' memory (single copy) in groups of at most this many ranks. In a
-# collective every rank attaches to every peer at once; on 16 cores, 16 ranks doing so were
-# slower than copies through the slots (all_reduce 256 KiB: 208 us against 94; 1 MiB: 559
-# against 381), and 8 ranks with single copy (1 MiB: 399 us) were no faster than 16 without.
+# collective every rank attaches to every peer at once, and pinning the same pages for many
+# readers serialises. On 16 cores, 16 ranks were slower with it (all_reduce 256 KiB: 208 us
+# against 94; 1 MiB: 559 against 381). At 8 ranks (us per call, slots / single copy): all_reduce
+# 256 KiB 87-101 / 167-181, 1 MiB 339-552 / 598-611, 4-16 MiB within the run-to-run spread
+# (16 MiB 5190-7100 / 5490-6890), broadcast 4 MiB 905 / 1857, all_gather 4 MiB 646 / 757.
 # Point to point has one reader per message and keeps it at any size of group.
 cdef int SINGLE_COPY_MAX_RANKS = 4
 
@@ -304,8 +311,7 @@ cdef class Communicator:
     cdef inline bint _one_shot_size(self, size_t nbytes) noexcept nogil:
         """Reductions this small go through the slots in one step (every rank reads every
         rank's message: small_bytes's default shrinks as the group grows, settings.py)."""
-        return (nbytes <= self.small_bytes or nbytes <= <size_t>(64 * self.size)) \
-            and nbytes + 64 <= self.slot_bytes
+        return nbytes <= self.small_bytes and nbytes + 64 <= self.slot_bytes
 
     # ---- copies out and single-copy tables (the rest of leases: leases.pxi) -----------------
     cdef inline void _out(self, char *dst, const char *src, size_t n, size_t total) noexcept nogil:

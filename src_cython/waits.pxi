@@ -132,7 +132,7 @@ cdef int _wait(Communicator self, uint32_t *word, uint32_t target, uint32_t *wai
     # check still covers every peer behind `target`: the one waited for may be waiting on a
     # dead one. On the progress thread with nobody waiting, the caller is computing: sleep
     # soon and leave it the core.
-    cdef uint64_t spin = self.spin_ns
+    cdef uint64_t spin = self.spin_ns, start = 0
     if self.background and capi.shm_load_acquire(&self.engine.drivers) == 0:
         spin = 0
     elif spin:
@@ -141,16 +141,17 @@ cdef int _wait(Communicator self, uint32_t *word, uint32_t target, uint32_t *wai
             _part_from(self, peer)
         else:
             self.shared_waits = 0
+    if spin:
+        start = capi.shm_now_ns()
     cdef int got = capi.shm_wait_geq(word, target, waiters, spin, self.yields, SLICE_NS)
     if spin:
-        # Adaptive spinning: a wait that ended while spinning says peers answer within the
-        # budget, so keep (regrow) it; one that had to sleep says the budget only burnt a
-        # core somebody else needed (a loaded machine), so halve it, down to a floor. (Also
-        # regrowing after waits that ended soon after the spin stopped was measured worse:
-        # on a core shared with its peer, a waiter's peer arrives right after it gives the
-        # core up, so that rule grew budgets that only delayed the peer: window medians of
-        # 16-27 us where this rule, with the shared-core check, gives 0.4-0.6 us.)
-        if got == 1:
+        # Adaptive spinning: a wait that ended while spinning, or soon after (within
+        # WAKE_GRACE_NS: the peer was being woken), says peers answer within reach of the
+        # budget, so keep (regrow) it; one that waited longer says the budget only burnt a
+        # core somebody else needed (a loaded machine), so halve it, down to a floor. A peer
+        # on this very core gets no spinning at all (above): there a regrown budget would only
+        # delay it (window medians of 16-27 us against 0.4-0.6 us, bench_latency_floor).
+        if got == 1 or (got == 2 and capi.shm_now_ns() - start <= spin + WAKE_GRACE_NS):
             self.spin_ns = min(self.spin_max_ns, 2 * self.spin_ns)
         else:
             self.spin_ns = max(min(SPIN_FLOOR_NS, self.spin_max_ns), self.spin_ns // 2)

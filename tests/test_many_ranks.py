@@ -38,6 +38,16 @@ def test_all_reduce_at_8_and_16_ranks_every_path_dtype_and_op(world):
     assert len(set(digests)) == 1, "ranks hold different bits"
 
 
+@pytest.mark.timeout(120)
+def test_all_reduce_at_16_ranks_in_two_steps_down_to_one_element():
+    """With no one-shot at all, a reduction of 1 or 7 elements over 16 ranks goes reduce-scatter +
+    all-gather with most ranks' slices empty (the default one-shot limit at 16 ranks on 16 cores
+    is 256 B: 300 floats take this path there)."""
+    digests = run_ranks(_all_reduce_every_dtype_and_op, 16, [1, 7], timeout=110,
+                        env={"SHMCOMM_SMALL_BYTES": 0})
+    assert len(set(digests)) == 1, "ranks hold different bits"
+
+
 @pytest.mark.timeout(300)
 def test_all_reduce_at_8_ranks_pipelined_and_single_copy_off():
     """Single copy is asked for from 1 KiB, but a group of 8 ranks reduces through the slots."""

@@ -75,16 +75,20 @@ def test_group_settings_come_from_the_table(monkeypatch):
 
 def test_one_shot_size_is_a_budget_of_bytes_read_per_rank(monkeypatch):
     """Every rank of a one-shot reads every rank's message: the default limit shrinks with the
-    group while the ranks fit the cores, so no rank reads more than ~32 KiB per call."""
+    group, as 64 KiB / ranks^2 while the ranks fit the cores (16 KiB at 2, the 2-core tuning; on
+    16 cores two steps won from 1 KiB at 8 ranks and 512 B at 16), as 256 KiB / ranks^2 where
+    they outnumber the cores (each step waits for descheduled peers); at most 16 KiB."""
     small = find("SHMCOMM_SMALL_BYTES").compute
-    for size in (2, 3, 4, 8, 16, 32, 64, 128):
-        limit = small({"size": size, "fits": True, "llc": 1 << 25})
-        assert limit * size <= 32768 or limit == 1024, size
-        assert limit % 64 == 0 and limit >= 1024
-    assert small({"size": 2, "fits": True, "llc": 1 << 25}) == 16384  # the 2-core tuning, kept
-    assert small({"size": 16, "fits": False, "llc": 1 << 25}) == 16384  # oversubscribed: one step
+    fitting = {size: small({"size": size, "fits": True, "llc": 1 << 25}) for size in (2, 3, 4, 8, 16, 32, 64, 128)}
+    assert fitting[2] == 16384 and fitting[8] == 1024 and fitting[16] == 256
+    for size, limit in fitting.items():
+        assert limit * size * size <= 65536 or limit == 64, size
+        assert limit % 64 == 0 and limit >= 64
+        assert limit <= fitting.get(size // 2, limit), "a larger group never gets a larger limit"
+    crowded = {size: small({"size": size, "fits": False, "llc": 1 << 25}) for size in (3, 4, 8, 32)}
+    assert crowded == {3: 16384, 4: 16384, 8: 4096, 32: 256}
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
-    assert _core.group_settings(16)["small_bytes"] == 2048
+    assert _core.group_settings(16)["small_bytes"] == 256
     monkeypatch.setenv("SHMCOMM_SMALL_BYTES", "65536")  # a user's choice wins at any size
     assert _core.group_settings(16)["small_bytes"] == 65536
 

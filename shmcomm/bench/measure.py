@@ -26,7 +26,8 @@ from .workers import _WORKERS, _Worker
 
 _MAX_ITERS = 20000
 _MIN_ITERS = 5
-_PROBES = 3
+_PROBES = 3  # the first round of probe calls (_plan_iters doubles it)
+_MAX_PROBES = 96
 _FILLS = np.arange(1, 5)  # refill values, one per iteration in turn: small, so nothing overflows
 
 
@@ -126,20 +127,36 @@ def spread(seconds: np.ndarray) -> dict:
             "p90_us": float(np.percentile(us, 90)), "mean_us": float(us.mean())}
 
 
+def _plan_iters(wk: _Worker, case: _Case, target_time: float) -> int:
+    """Iterations that take about ``target_time``, from rounds of probe calls (they also warm
+    up). The first calls of a size pay page faults, and right after start-up they meet peers
+    still sleeping: 3 probes at 16 ranks on 16 cores once planned 13 iterations of an 8-byte
+    all_reduce that then measured the warm-up (70 us a call against 3). So rounds of 3, 6, 12,
+    ... calls go on until one's median is within a quarter of the round before, or the probes
+    took half the target time. The count must not depend on local timings, or ranks would issue
+    different numbers of collectives: rank 0 alone decides, and says so after every round."""
+    count, spent, before = _PROBES, 0.0, None
+    while True:
+        probes = _time_loop(case, 0, count)
+        plan = 0  # 0: probe again
+        if wk.rank == 0:
+            median, spent = float(np.median(probes)), spent + float(probes.sum())
+            settled = before is not None and median >= 0.75 * before
+            if settled or spent >= target_time / 2 or count >= _MAX_PROBES:
+                plan = max(_MIN_ITERS, min(_MAX_ITERS, int(target_time / max(median, 1e-7))))
+            before = median
+        plan = wk.bcast_obj(plan)
+        if plan:
+            return plan
+        count *= 2
+
+
 def _measure(wk: _Worker, cfg: dict, case: _Case, collective: str) -> dict:
     """Warm up, time, and (with --check) verify one case; rank 0 gets the numbers of all ranks."""
     wk.barrier()
     iters, warmup = cfg["iters"], cfg["warmup"]
     if iters is None:
-        # Time a fixed number of probe calls (they also warm up; the first pays the page faults)
-        # and aim at target_time. The count must not depend on local timings, or ranks would
-        # issue different numbers of collectives; rank 0 alone turns its estimate into the plan.
-        probes = _time_loop(case, 0, _PROBES)
-        plan = None
-        if wk.rank == 0:
-            planned = int(cfg["target_time"] / max(float(np.median(probes)), 1e-7))
-            plan = max(_MIN_ITERS, min(_MAX_ITERS, planned))
-        iters = wk.bcast_obj(plan)
+        iters = _plan_iters(wk, case, cfg["target_time"])
     if warmup is None:
         warmup = max(1, min(iters // 10, 1000))
     _time_loop(case, 0, warmup)
