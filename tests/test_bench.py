@@ -786,3 +786,39 @@ def test_docstring_examples_of_the_bench_run(module):
     mod = importlib.import_module(f"shmcomm.bench.{module}")
     result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0
+
+
+class _OneRank:
+    """Stands in for a backend's worker in _plan_iters: rank 0 of one, bcast is the identity."""
+
+    rank = 0
+
+    def bcast_obj(self, obj):
+        return obj
+
+
+def _slow_start_case(slow_calls: int, slow_s: float, fast_s: float):
+    """A case whose first ``slow_calls`` calls take ``slow_s`` each (peers still waking up after
+    start-up), then ``fast_s``: what an 8-byte all_reduce at 16 ranks looked like on 16 cores."""
+    from shmcomm.bench.measure import _Case
+    calls = iter(range(1 << 30))
+
+    def call():
+        k = next(calls)
+        end = time.perf_counter() + (slow_s if k < slow_calls else fast_s)
+        while time.perf_counter() < end:
+            pass
+    return _Case(call=call, fills=[], values=np.zeros(1), check=None)
+
+
+def test_iterations_are_planned_after_the_start_up_calls():
+    """3 slow probes once planned 13 iterations (70 us each) that measured the warm-up of an
+    all_reduce that then took 3 us: the plan now waits for two rounds of probes that agree."""
+    from shmcomm.bench.measure import _plan_iters
+    plan = _plan_iters(_OneRank(), _slow_start_case(5, 2e-3, 50e-6), target_time=0.1)
+    assert 1000 <= plan <= 2600, plan  # 0.1 s of 50 us calls (busy-waited; a loaded machine stretches them)
+    steady = _plan_iters(_OneRank(), _slow_start_case(0, 0, 50e-6), target_time=0.1)
+    assert 1000 <= steady <= 2600, steady
+    # probes stop at half the target time: slow calls throughout give a plan from their time
+    slow = _plan_iters(_OneRank(), _slow_start_case(10 ** 6, 2e-3, 0), target_time=0.02)
+    assert 5 <= slow <= 12, slow
