@@ -56,3 +56,15 @@ def test_plan_sweeps():
     assert plan([8, 1024, 16384, 65536, 262144, 1 << 20, 16 << 20]) == [(8, 1024, 128), (16384, 16 << 20, 4)]
     assert plan([64]) == [(64, 64, 2)]
     assert plan([8, 64, 512]) == [(8, 512, 8)]
+
+
+def test_the_16_core_run_is_valid_bash_and_returns_few_files():
+    """bench/run_16core.sh runs only on a lent machine: here, its syntax, and that it writes no
+    more files than the device tool returns (8)."""
+    script = os.path.join(os.path.dirname(SCRIPT), "run_16core.sh")
+    subprocess.run(["bash", "-n", script], check=True, timeout=30)
+    with open(script) as fh:
+        text = fh.read()
+    outputs = set(re.findall(r'"\$O/([\w.]+)"', text))
+    assert outputs == {"machine.txt", "all_reduce.md", "zero_copy.txt", "torch_n8.txt", "movement.md",
+                       "raw.tar.gz", "log.txt"}, outputs
