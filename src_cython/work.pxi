@@ -169,8 +169,10 @@ cdef class Work(_Call):
 
         Its callbacks run on the thread that completes the operation (the group's progress
         thread, or a waiter). Every call returns the same Future. Asking for it starts the
-        operation now on the progress thread (waiting on a Future runs nothing); asked for on
-        the progress thread itself, inside a callback, it runs the operation there first.
+        operation now on the progress thread (for callbacks nobody waits for); waiting on it, or
+        on a future ``then`` chains to it, without a timeout runs the group's queue up to the
+        operation on the waiting thread, as ``wait`` does; asked for on the progress thread
+        itself, inside a callback, it runs the operation there first.
 
         Returns:
             Future[list]: completes when the operation does.
@@ -179,11 +181,14 @@ cdef class Work(_Call):
 
             fut = work.get_future().then(lambda f: f.value()[0].sum())
         """
+        cdef Future fut
         if self._comm is None:
             return self._future
         if self.future is not None:
             return self.future
-        self.future = Future()
+        fut = Future()
+        fut._driver = self  # its wait runs the queue here, as Work.wait does
+        self.future = fut
         self.pin = self  # alive until settled, even if the caller drops this Work (calls.pxi)
         if capi.shm_op_mark(&self.o.state, SHM_OP_FUTURE_WANTED) & SHM_OP_DONE:
             with nogil:  # completed before the want was seen: settle it here
@@ -194,8 +199,8 @@ cdef class Work(_Call):
             with nogil:
                 _drive(self._comm, &self.o, True, 0.0)
         else:
-            # Whoever waits on a Future runs nothing: the progress thread starts the op now,
-            # not after its rest (a small op waited that way took 300 us, its rest).
+            # For callbacks nobody waits for (a waiter runs the queue itself, Future._drive):
+            # the progress thread starts the op now, not after its rest (up to 1 ms).
             capi.shm_engine_start_issued(&self._comm.engine)
         return self.future
 

@@ -656,3 +656,57 @@ def _callback_waits_for_its_own_collective(rank, size):
 @pytest.mark.parametrize("world", [2, 3])
 def test_a_callback_may_wait_for_a_collective_it_issued(world):
     assert all(run_ranks(_callback_waits_for_its_own_collective, world))
+
+
+def _future_waited_inside_an_operation(rank, size):
+    """An operation of the group (ProcessGroup.run, as the torch backend's composites) that
+    issues an async op and waits on its Future: that op queues behind the running one, so no
+    thread can run it. Future.wait runs the queue as Work.wait does and says so at once; it
+    waited for ever before (for the group's timeout)."""
+    from shmcomm.group import default_group
+
+    pg = default_group()
+    seen = []
+
+    def composite():
+        fut = sc.all_reduce(np.ones(2), async_op=True).get_future()
+        t0 = time.monotonic()
+        with pytest.raises(sc.ShmcommError, match="issued on the same group after it"):
+            fut.wait()
+        seen.append(time.monotonic() - t0)
+        return fut
+
+    pg.run(composite, (), [], False)
+    (elapsed,) = seen
+    assert elapsed < 5, elapsed
+    x = np.ones(3)
+    sc.all_reduce(x)  # the queued op ran after the composite; the group goes on
+    assert (x == size).all()
+    return True
+
+
+@pytest.mark.timeout(60)
+def test_a_future_waited_inside_an_operation_of_its_group_raises_at_once():
+    assert all(run_ranks(_future_waited_inside_an_operation, 2))
+
+
+def _futures_run_their_ops(rank, size):
+    """Futures of async ops waited for in every way a user can (wait, a then() chain, wait_all,
+    collect_all), with and without a timeout, each giving the reduced values."""
+    x = [np.full(3, float(i + rank)) for i in range(6)]
+    works = [sc.all_reduce(a, async_op=True) for a in x]
+    total = sum(range(size))
+    assert works[0].get_future().wait()[0][0] == size * 0 + total
+    assert works[1].get_future().then(lambda f: f.value()[0][0] * 10).wait() == 10 * (size * 1 + total)
+    assert [v[0][0] for v in sc.wait_all([w.get_future() for w in works[2:4]])] == \
+        [size * i + total for i in (2, 3)]
+    done = sc.collect_all([w.get_future() for w in works[4:]]).wait(timeout=30)
+    assert [f.value()[0][0] for f in done] == [size * i + total for i in (4, 5)]
+    assert sc.all_reduce(np.ones(2), async_op=True).get_future().wait(timeout=30)[0][0] == size
+    return True
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world", [2, 3])
+def test_futures_of_async_ops_in_every_way_of_waiting(world):
+    assert all(run_ranks(_futures_run_their_ops, world))
