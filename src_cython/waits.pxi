@@ -127,6 +127,30 @@ cdef void _part_from(Communicator self, int peer) noexcept nogil:
 
 
 
+cdef inline uint64_t _adapted_spin(uint64_t budget, uint64_t most, int got, uint64_t waited) noexcept nogil:
+    """The spin budget after a wait that spun for ``budget`` ns and took ``waited`` ns in all
+    (``got``: shm_wait_geq's answer). A wait that ended while spinning, or soon after (within
+    WAKE_GRACE_NS: the peer was only being woken), says peers answer within reach of the budget:
+    double it. One that waited longer says the budget only burnt a core somebody else needed (a
+    loaded machine): halve it, down to a floor. Counting the woken peers as failures too could
+    hold every rank of a large group at the floor, each sleeping through every step."""
+    if got == 1 or (got == 2 and waited <= budget + WAKE_GRACE_NS):
+        return min(most, 2 * budget)
+    return max(min(SPIN_FLOOR_NS, most), budget // 2)
+
+
+def _next_spin_budget(budget_ns, most_ns, got, waited_ns):
+    """``_adapted_spin`` for tests: the budget (ns) after one wait.
+
+    Example::
+
+        >>> _next_spin_budget(20_000, 2_000_000, 2, 90_000)  # woken 70 us after the budget
+        40000
+    """
+    return _adapted_spin(budget_ns, most_ns, got, waited_ns)
+
+
+
 cdef int _wait(Communicator self, uint32_t *word, uint32_t target, uint32_t *waiters, int peer) except -1 nogil:
     # `peer`: the rank whose `word` this waits on (its core is the one checked); the health
     # check still covers every peer behind `target`: the one waited for may be waiting on a
@@ -144,17 +168,8 @@ cdef int _wait(Communicator self, uint32_t *word, uint32_t target, uint32_t *wai
     if spin:
         start = capi.shm_now_ns()
     cdef int got = capi.shm_wait_geq(word, target, waiters, spin, self.yields, SLICE_NS)
-    if spin:
-        # Adaptive spinning: a wait that ended while spinning, or soon after (within
-        # WAKE_GRACE_NS: the peer was being woken), says peers answer within reach of the
-        # budget, so keep (regrow) it; one that waited longer says the budget only burnt a
-        # core somebody else needed (a loaded machine), so halve it, down to a floor. A peer
-        # on this very core gets no spinning at all (above): there a regrown budget would only
-        # delay it (window medians of 16-27 us against 0.4-0.6 us, bench_latency_floor).
-        if got == 1 or (got == 2 and capi.shm_now_ns() - start <= spin + WAKE_GRACE_NS):
-            self.spin_ns = min(self.spin_max_ns, 2 * self.spin_ns)
-        else:
-            self.spin_ns = max(min(SPIN_FLOOR_NS, self.spin_max_ns), self.spin_ns // 2)
+    if spin:  # a peer on this very core gets no spinning and no adaptation (above)
+        self.spin_ns = _adapted_spin(spin, self.spin_max_ns, got, capi.shm_now_ns() - start)
     if got:
         return 0
     while True:

@@ -37,3 +37,26 @@ def test_ranks_left_on_one_core_end_on_two_with_their_affinity_unchanged():
     # the calls after the first 2000, each seen by both ranks at about the same moment
     together = sum(a == b for a, b in zip(cpus0, cpus1))
     assert together < len(cpus0) // 2, f"{together} of the last {len(cpus0)} calls had both ranks on one CPU"
+
+
+def test_spin_budget_regrows_after_a_peer_that_was_only_being_woken():
+    """The adaptive spin budget (ns): doubled after a wait that ended while spinning or within
+    200 us after (a peer being woken), halved after a longer one, between 20 us and the most.
+    Counting woken peers as failures held 16 ranks on 16 cores at the floor."""
+    from shmcomm._core import _next_spin_budget as after
+
+    most = 2_000_000
+    assert after(100_000, most, 1, 50_000) == 200_000  # caught while spinning
+    assert after(1_500_000, most, 1, 10) == most  # never past the most
+    assert after(100_000, most, 2, 100_000 + 150_000) == 200_000  # woken soon after: more would have caught it
+    assert after(100_000, most, 2, 100_000 + 250_000) == 50_000  # a busy peer: give the core back
+    assert after(30_000, most, 2, 10_000_000) == 20_000  # down to the floor, no lower
+    assert after(30_000, most, 0, 50_000_000) == 20_000  # slept a whole slice
+    assert after(10_000, 10_000, 0, 50_000_000) == 10_000  # a most below the floor is the floor
+    # every rank at the floor, each peer woken 70 us after its waiter gave up: a few waits and
+    # the budget covers the wake-up, after which waits end while spinning
+    budget, wake = 20_000, 70_000
+    for _ in range(3):
+        got = 1 if budget >= wake else 2
+        budget = after(budget, most, got, min(budget, wake) + (0 if got == 1 else wake))
+    assert budget >= wake
