@@ -44,9 +44,9 @@ from cpython.exc cimport PyErr_CheckSignals
 cdef uint64_t SLICE_NS = 50 * 1000 * 1000  # futex sleep slice: how often health is checked
 cdef uint64_t SPIN_FLOOR_NS = 20 * 1000     # adaptive spinning never goes below this budget
 # A wait that slept but ended within this long after its spin budget ran out met a peer that was
-# only being woken (a futex wake-up on a VM's idle core takes 50-70 us): more spinning would have
-# caught it. Counting such waits as failures collapsed 16 ranks on 16 cores into sleeping through
-# every step (all_reduce of 8 B: 70 us a call instead of 3; 32 ranks: 2 ms).
+# only being woken (a futex wake-up on a VM's idle core takes tens of us): more spinning would
+# have caught it. Counting such waits as failures can hold every rank of a large group at the
+# floor, each sleeping through every step (see _adapted_spin).
 cdef uint64_t WAKE_GRACE_NS = 200 * 1000
 cdef int SHARED_WAITS_TO_MOVE = 32         # waits in a row on the peer's core before moving off it
 cdef uint64_t MOVE_GAP_NS = 10 * 1000 * 1000  # and at most one such move per this long

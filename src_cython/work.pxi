@@ -58,7 +58,9 @@ cdef class Work(_Call):
 
         Args:
             timeout (float | None): seconds to wait at most; None (the default): until done
-                (each collective is bounded by the group's timeout anyway).
+                (each collective is bounded by the group's timeout anyway). On the group's
+                progress thread (in a Future's callback) the queue runs here whatever the
+                timeout: no other thread would run it.
 
         Returns:
             bool: True, once the operation completed successfully.
@@ -77,11 +79,15 @@ cdef class Work(_Call):
         """
         cdef double limit = -1.0 if timeout is None else float(timeout)
         cdef int rc = 0
+        cdef bint runs
         if self._comm is None:
             return self._wait_future(limit)
         if not self.done():
+            # No limit: run the queue here. On the group's progress thread (in a callback) too,
+            # limit or not: nothing else would run it (a limited wait there timed out always).
+            runs = limit < 0 or _on_progress_thread(self._comm)
             with nogil:
-                rc = _drive(self._comm, &self.o, limit < 0, limit)  # no limit: run the queue here
+                rc = _drive(self._comm, &self.o, runs, limit)
             if rc == -2:
                 raise CommTimeoutError(f"Work not completed within {timeout} s")
             _prune(self._comm)
@@ -194,8 +200,9 @@ cdef class Work(_Call):
             with nogil:  # completed before the want was seen: settle it here
                 _settle_future(&self.o)
         elif _on_progress_thread(self._comm):
-            # A callback of this group's ops that waits on this Future would block the one
-            # thread that runs them: run the queue up to this op here, as Work.wait would.
+            # A callback of this group's ops asking for it may wait on it where the wait runs
+            # nothing: with a timeout, or on a torch future fed by it (C++ waits, as PowerSGD's
+            # DDP hook does). It would block the one thread that runs the op: run it now.
             with nogil:
                 _drive(self._comm, &self.o, True, 0.0)
         else:

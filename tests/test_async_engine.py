@@ -710,3 +710,22 @@ def _futures_run_their_ops(rank, size):
 @pytest.mark.parametrize("world", [2, 3])
 def test_futures_of_async_ops_in_every_way_of_waiting(world):
     assert all(run_ranks(_futures_run_their_ops, world))
+
+
+def _callback_waits_on_a_work_with_a_timeout(rank, size):
+    """A then() callback on the progress thread that waits on a Work with a timeout: a limited
+    wait leaves the queue to the progress thread, which is this very thread, so it always timed
+    out. On the progress thread Work.wait runs the queue itself, limit or not."""
+    def step(fut):
+        work = sc.all_reduce(fut.value()[0] + 1, async_op=True)
+        work.wait(timeout=20)
+        return work.result()
+
+    got = sc.all_reduce(np.ones(3), async_op=True).get_future().then(step).wait(timeout=30)
+    np.testing.assert_array_equal(got[0], np.full(3, (size + 1.0) * size))
+    return True
+
+
+@pytest.mark.timeout(90)
+def test_a_callback_may_wait_on_a_work_with_a_timeout():
+    assert all(run_ranks(_callback_waits_on_a_work_with_a_timeout, 2))
