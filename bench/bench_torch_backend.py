@@ -128,6 +128,17 @@ def _null_backend_group(dist):
         def allreduce(self, tensors, opts=None):
             return self._done
 
+        # FSDP2's collectives (all_gather_into_tensor, reduce_scatter_tensor): its step on this
+        # backend is its compute and FSDP2's own work, with no communication
+        def all_gather_single(self, output, input, opts=None):  # noqa: A002 - torch's names
+            return self._done
+
+        def reduce_scatter_single(self, output, input, opts=None):  # noqa: A002
+            return self._done
+
+        # the names torch before 2.10 calls them by
+        _allgather_base, _reduce_scatter_base = all_gather_single, reduce_scatter_single
+
         def barrier(self, opts=None):  # _measure's, between rounds: nothing to wait for
             return self._done
 
@@ -305,19 +316,27 @@ def rank_main(rank: int, size: int, args) -> dict | None:
         from torch.distributed.device_mesh import DeviceMesh
 
         x = torch.randn(args.batch, 512, generator=torch.Generator().manual_seed(rank))
-        fsdp = {name: _fsdp_model(DeviceMesh.from_group(g, "cpu"), 512, 5) for name, g in groups.items()}
-        for name in groups:
+        # with a third model on a backend that does nothing, alternated with the other two: the
+        # step's compute and FSDP2's own work, the floor under any backend
+        with_null = {**groups, "null": _null_backend_group(dist)}
+        fsdp = {name: _fsdp_model(DeviceMesh.from_group(g, "cpu"), 512, 5) for name, g in with_null.items()}
+        for name in with_null:
             _time_fsdp(*fsdp[name], x, 2)
-        times = _measure(groups, rounds, lambda name, g: _time_fsdp(*fsdp[name], x,
-                                                                    max(args.steps // rounds, 1)))
+        times = _measure(with_null, rounds, lambda name, g: _time_fsdp(*fsdp[name], x,
+                                                                       max(args.steps // rounds, 1)))
         rows.append((f"FSDP2 step 5x512 MLP b{args.batch} (ms)", times, 1e3, 0.35))
         shared = {name: _fsdp_model(DeviceMesh.from_group(g, "cpu"), 512, 5, shared=True)
                   for name, g in groups.items()}
         for name in groups:
             _time_fsdp(*shared[name], x, 2)
-        times = _measure(groups, rounds, lambda name, g: _time_fsdp(*shared[name], x,
-                                                                    max(args.steps // rounds, 1)))
-        rows.append(("  buffers from the process group (ms)", times, 1e3, 0.35))
+        shared_times = _measure(groups, rounds, lambda name, g: _time_fsdp(*shared[name], x,
+                                                                           max(args.steps // rounds, 1)))
+        rows.append(("  buffers from the process group (ms)", shared_times, 1e3, 0.35))
+        step_ms = {name: statistics.median(t) * 1e3 for name, t in times.items()}
+        extra.append(f"the FSDP2 step on a backend that does nothing (its compute and FSDP2's own work): "
+                     f"{step_ms['null']:.2f} ms, {step_ms['null'] / step_ms['gloo']:.3f} of gloo's step; "
+                     f"beyond it shmcomm {step_ms['shmcomm'] - step_ms['null']:.2f} ms, "
+                     f"gloo {step_ms['gloo'] - step_ms['null']:.2f} ms")
         extra.append("FSDP2 models on both backends: " + _agreement(
             [p.full_tensor() for p in fsdp["shmcomm"][0].parameters()],
             [p.full_tensor() for p in fsdp["gloo"][0].parameters()], world))
