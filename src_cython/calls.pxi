@@ -31,7 +31,7 @@ cdef enum:
 # Words 0-4 are compared across ranks (a mismatch raises on every rank); words 5-7 carry what the
 # kind needs besides, each named here with the kinds that use it (never two meanings in one call).
 cdef enum:
-    D_KIND = 0, D_DTYPE = 1, D_NBYTES = 2, D_ROOT = 3, D_OP = 4
+    D_KIND = 0, D_DTYPE = 1, D_NBYTES = 2, D_ROOT = 3, D_OP = 4  # D_KIND's upper half: the step tag
     D_BATCH = 5           # small reductions: how many calls this rank runs in this step
     D_HEAP = 5            # zero copy (large reductions): the sc.empty heap holding the array
     D_HEAP_OFF = 6        #   and the array's offset in it
@@ -43,9 +43,10 @@ cdef enum:
 
 cdef str describe_call(const uint64_t *d):
     """One rank's descriptor as text: ``all_reduce(dtype=float32, nbytes=16, op=SUM)``."""
-    if not 0 < d[D_KIND] < K_COUNT:
-        return f"kind {d[D_KIND]}(dtype={d[D_DTYPE]}, nbytes={d[D_NBYTES]}, root={d[D_ROOT]}, op={d[D_OP]})"
-    name, fields = _KIND_ROWS[d[D_KIND]].name.decode(), _KIND_ROWS[d[D_KIND]].fields.decode()
+    cdef uint64_t kind = d[D_KIND] & 0xffffffff  # the upper half is the step tag (waits.pxi _step)
+    if not 0 < kind < K_COUNT:
+        return f"kind {kind}(dtype={d[D_DTYPE]}, nbytes={d[D_NBYTES]}, root={d[D_ROOT]}, op={d[D_OP]})"
+    name, fields = _KIND_ROWS[kind].name.decode(), _KIND_ROWS[kind].fields.decode()
     args = []
     if "d" in fields:
         args.append(f"dtype={DTYPE_NAMES[d[D_DTYPE]] if d[D_DTYPE] < len(DTYPE_NAMES) else d[D_DTYPE]}")

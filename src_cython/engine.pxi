@@ -1,11 +1,13 @@
 # Communicator: one group's shared segment, the step protocol every collective is built on, and
 # the progress engine that runs the group's operations in issue order.
 #
-# Step protocol. Each rank owns a monotonically increasing `seq` in its control block and two data
-# slots, used by step parity. One step: write your own slot (and descriptor), publish seq = s
-# (release), wait until every peer's seq >= s (acquire), then read peers' slots. A rank publishes s
-# only after it finished reading step s-1, so writing slot[s % 2] at step s never races a reader of
-# step s-2: no trailing barrier is needed. The first step of every collective also carries a
+# Step protocol. Each rank owns a monotonically increasing step number, two data slots and two
+# descriptors, used by step parity. One step: write your own slot (and descriptor), publish s
+# (release) as the tag of that parity's descriptor and then in `seq`, wait until every peer's tag
+# >= s (acquire: one cache line per peer brings its arrival and its descriptor; sleepers wait on
+# `seq`), then read peers' slots. A rank publishes s only after it finished reading step s-1, so
+# writing slot[s % 2] at step s never races a reader of step s-2: no trailing barrier is needed.
+# Step numbers are 32-bit, compared wrap-safely, and start 1024 below the wrap (FIRST_STEP). The first step of every collective also carries a
 # descriptor (what was called, dtype, size, root, op) that every rank checks against all others,
 # so a mismatch raises CollectiveMismatchError on every rank instead of returning corrupt data.
 #
@@ -42,6 +44,10 @@ from posix.unistd cimport getpid, usleep
 from cpython.exc cimport PyErr_CheckSignals
 
 cdef uint64_t SLICE_NS = 50 * 1000 * 1000  # futex sleep slice: how often health is checked
+# Every group's steps start here, 1024 below where 32-bit step numbers wrap (as Linux starts its
+# jiffies just before theirs): every run crosses the wrap early, so a comparison that is not
+# wrap-safe fails in every test, not after days of running. Messages count steps from here.
+cdef uint32_t FIRST_STEP = 0xfffffc00
 cdef uint64_t SPIN_FLOOR_NS = 20 * 1000     # adaptive spinning never goes below this budget
 # A wait that slept but ended within this long after its spin budget ran out met a peer that was
 # only being woken (a futex wake-up on a VM's idle core takes tens of us): more spinning would

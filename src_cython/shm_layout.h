@@ -10,7 +10,7 @@
 #include <string.h>
 
 #define SHM_MAGIC 0x006D6D6F636D6873ull /* "shmcomm\0" */
-#define SHM_VERSION 6u
+#define SHM_VERSION 7u
 #define SHM_HEAP_MAGIC 0x0070616568636873ull /* "shcheap\0" */
 #define SHM_HEADER_BYTES 4096
 #define SHM_CB_BYTES 512
@@ -58,7 +58,8 @@ typedef struct {
 
 /* One rank's control block: each group of fields on its own 128-byte line. */
 typedef struct {
-    uint32_t seq;            /* 0: collective step this rank has published (futex word) */
+    uint32_t seq;            /* 0: collective step this rank has published, after its tag in
+                                desc (futex word of sleepers; health checks read it) */
     uint32_t seq_waiters;    /* 4 */
     int32_t pid;             /* 8 */
     uint32_t state;          /* 12: SHM_RANK_* */
@@ -72,7 +73,9 @@ typedef struct {
     uint64_t start_time;     /* 40: this process's start time (/proc/PID/stat field 22): peers check
                                 that `pid` is still the process that registered */
     char pad0[80];
-    uint64_t desc[2][SHM_DESC_WORDS]; /* 128: what collective this rank called, by step parity */
+    uint64_t desc[2][SHM_DESC_WORDS]; /* 128: what collective this rank called, by step parity;
+                                the upper half of word 0 is the last step published with it
+                                (shm_tag_step): readers wait on it, not on `seq` */
     uint32_t bell;           /* 256: rung when a ring to or from this rank moves (futex word) */
     uint32_t bell_waiters;   /* 260 */
     char pad1[248];

@@ -71,33 +71,72 @@ static inline void shm_ring_bell(uint32_t *bell, uint32_t *waiters) {
     if (__atomic_load_n(waiters, __ATOMIC_SEQ_CST)) shm_futex_wake_all(bell);
 }
 
-/* One wait slice: returns 1 once `*word >= target` while spinning (or at once), 2 when it got
- * there only after yielding or sleeping, 0 when the slice ended first.
+/* A collective step's arrival, as its readers look for it: the upper half of `*tag` (word 0 of
+ * the rank's descriptor for the step's parity, shm_layout.h) holds the last step the rank
+ * published there, stored after the descriptor and the step's data. One load then brings the
+ * arrival and the descriptor together (a cache line per peer per step, not two). */
+static inline int shm_step_reached(const uint64_t *tag, uint32_t target) {
+    return shm_seq_geq((uint32_t)(shm_load_acquire64(tag) >> 32), target);
+}
+
+/* Store step `s` into the upper half of the caller's own `*tag`, keeping the lower half (the
+ * descriptor's kind): only this rank writes it, and never a value readers could take for a later
+ * step. Release: the descriptor and data written before it are visible to whoever sees `s`. */
+static inline void shm_tag_step(uint64_t *tag, uint32_t s) {
+    __atomic_store_n(tag, (*tag & 0xffffffffull) | ((uint64_t)s << 32), __ATOMIC_RELEASE);
+}
+
+static inline int shm_word_reached(const void *word, uint32_t target) {
+    return shm_seq_geq(shm_load_acquire((const uint32_t *)word), target);
+}
+
+static inline int shm_tag_reached(const void *tag, uint32_t target) {
+    return shm_step_reached((const uint64_t *)tag, target);
+}
+
+/* One wait slice for `reached(watched, target)`: returns 1 once it holds while spinning (or at
+ * once), 2 when it held only after yielding or sleeping, 0 when the slice ended first. Sleeps on
+ * the futex word `*sleep_word` (>= target once the writer is done: it stores that word last).
  * spin_ns: busy-poll budget (0 when ranks outnumber cores); yields: sched_yield rounds;
- * sleep_ns: futex sleep of the slice. */
-static inline int shm_wait_geq(uint32_t *word, uint32_t target, uint32_t *waiters,
-                               uint64_t spin_ns, int yields, uint64_t sleep_ns) {
-    if (shm_seq_geq(shm_load_acquire(word), target)) return 1;
+ * sleep_ns: futex sleep of the slice. Inlined with a constant `reached`. */
+static inline __attribute__((always_inline)) int shm_wait_until(
+        int (*reached)(const void *, uint32_t), const void *watched, uint32_t *sleep_word,
+        uint32_t target, uint32_t *waiters, uint64_t spin_ns, int yields, uint64_t sleep_ns) {
+    if (reached(watched, target)) return 1;
     if (spin_ns) {
         uint64_t start = shm_now_ns();
         do {
             for (int i = 0; i < 64; i++) {
                 shm_cpu_relax();
-                if (shm_seq_geq(shm_load_acquire(word), target)) return 1;
+                if (reached(watched, target)) return 1;
             }
         } while (shm_now_ns() - start < spin_ns);
     }
     for (int i = 0; i < yields; i++) {
         sched_yield();
-        if (shm_seq_geq(shm_load_acquire(word), target)) return 2;
+        if (reached(watched, target)) return 2;
     }
     if (sleep_ns) {
         __atomic_fetch_add(waiters, 1, __ATOMIC_SEQ_CST);
-        uint32_t seen = __atomic_load_n(word, __ATOMIC_SEQ_CST);
-        if (!shm_seq_geq(seen, target)) shm_futex_wait(word, seen, sleep_ns);
+        uint32_t seen = __atomic_load_n(sleep_word, __ATOMIC_SEQ_CST);
+        if (!shm_seq_geq(seen, target)) shm_futex_wait(sleep_word, seen, sleep_ns);
         __atomic_fetch_sub(waiters, 1, __ATOMIC_SEQ_CST);
     }
-    return shm_seq_geq(shm_load_acquire(word), target) ? 2 : 0;
+    /* the sleep word reached (acquire) implies whatever was stored before it is visible */
+    return shm_word_reached(sleep_word, target) || reached(watched, target) ? 2 : 0;
+}
+
+/* Wait for `*word >= target` (the futex word itself). */
+static inline int shm_wait_geq(uint32_t *word, uint32_t target, uint32_t *waiters,
+                               uint64_t spin_ns, int yields, uint64_t sleep_ns) {
+    return shm_wait_until(shm_word_reached, word, word, target, waiters, spin_ns, yields, sleep_ns);
+}
+
+/* Wait for a peer's step: watch its tag (shm_step_reached), sleep on its `*seq`, which it
+ * publishes after the tag (shm_publish wakes the sleepers). */
+static inline int shm_wait_step(const uint64_t *tag, uint32_t *seq, uint32_t target, uint32_t *waiters,
+                                uint64_t spin_ns, int yields, uint64_t sleep_ns) {
+    return shm_wait_until(shm_tag_reached, tag, seq, target, waiters, spin_ns, yields, sleep_ns);
 }
 
 /* Busy-poll until the 64-bit `*word` differs from `seen` or `spin_ns` passed; returns 1 if it

@@ -540,3 +540,28 @@ def _all_to_all_single_rows(rank, size):
 @pytest.mark.parametrize("world", [1, 3])
 def test_all_to_all_single_splits_count_rows(world):
     assert all(run_ranks(_all_to_all_single_rows, world))
+
+
+def _across_the_step_wrap(rank, size):
+    """Every path that steps, called round after round with values that change every round,
+    past 2000 steps: a group starts its 32-bit step numbers 1024 below their wrap (engine.pxi
+    FIRST_STEP), so this crosses it on every path, arrivals read from the descriptor's tag."""
+    results = []
+    for i in range(700):
+        small = np.full(3, rank + i, np.float32)
+        sc.all_reduce(small)  # one step
+        medium = np.full(3000, float(rank * i), np.float64)
+        sc.all_reduce(medium)  # two steps (reduce-scatter + all-gather)
+        b = np.full(5, i if rank == i % size else -1, np.int64)
+        sc.broadcast(b, src=i % size)
+        sc.barrier()
+        results.append(bool((small == sum(range(size)) + size * i).all()
+                            and (medium == float(i * sum(range(size)))).all()
+                            and (b == i).all()))
+    return all(results)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [2, 3])
+def test_step_numbers_wrap_safely(world):
+    assert all(run_ranks(_across_the_step_wrap, world, timeout=110, env={"SHMCOMM_SMALL_BYTES": 64}))
