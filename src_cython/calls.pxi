@@ -36,6 +36,8 @@ cdef enum:
     D_HEAP = 5            # zero copy (large reductions): the sc.empty heap holding the array
     D_HEAP_OFF = 6        #   and the array's offset in it
     D_FACTOR = 7          # PREMUL_SUM: this rank's factor (the bits of a double)
+    D_INLINE = 6          # one-shot reductions: their first call's data when it fits
+                          #   INLINE_BYTES, read with the step's tag (no slot line per peer)
     D_ALLOC_FAILED = 5    # K_ALLOC (sc.empty): rank 0 could not make the heap
     D_ALLOC_FREE = 6      #   and how many bytes /dev/shm had free
     D_ALLOC_NONCE = 7     #   the heap's nonce, rank 0's, which the others check
@@ -87,6 +89,7 @@ cdef enum:
     INLINE_RANKS = 8     # groups up to this size keep a call's pointer tables inside the _Call
     MAX_BATCH = 16       # small reductions run together in one step, at most
     BATCH_HEADER = 64    # a batched call's descriptor in the slot, before its data
+    INLINE_BYTES = 8     # data this small rides in the descriptor's line (D_INLINE)
 
 
 cdef class _Call:

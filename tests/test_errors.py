@@ -21,6 +21,8 @@ def _mismatches(rank, size):
         (lambda: sc.broadcast(np.ones(4), src=0), lambda: sc.broadcast(np.ones(4), src=1)),
         (lambda: sc.barrier(), lambda: sc.all_reduce(np.ones(1))),
         (lambda: sc.all_reduce(np.ones(100_000)), lambda: sc.all_reduce(np.ones(3))),  # pipelined vs one-shot
+        # data inline in the descriptor's line (up to 8 bytes) on rank 0, in the slot on the others
+        (lambda: sc.all_reduce(np.ones(2, np.float32)), lambda: sc.all_reduce(np.ones(3, np.float32))),
     ]
     for mine, theirs in calls:
         with pytest.raises(sc.CollectiveMismatchError) as info:

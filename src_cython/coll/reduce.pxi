@@ -1,7 +1,8 @@
 # all_reduce and reduce (root >= 0): one algorithm with four paths, chosen by size and memory.
 #
 #   small (up to small_bytes): one shot, several calls at once. 1. copy each queued small
-#       reduction (descriptor, then data) into this rank's slot, and publish their count; 2. step;
+#       reduction (descriptor, then data) into this rank's slot, and publish their count (the
+#       first call's data, up to 8 bytes, rides in the descriptor's line instead); 2. step;
 #       3. the first m calls, m the smallest count any rank published, are done: every rank that
 #       wants a result reduces the slots in rank order. Calls past m stay queued for the next step.
 #       So ranks that saw different numbers of queued calls still agree, with no extra sync.
@@ -226,20 +227,24 @@ cdef int _reduce_batch(Communicator c, op_t **ops, int k) except -1 nogil:
     cdef size_t data_off[MAX_BATCH]
     cdef int j, q, m, n = c.size
     cdef op_t *o
+    cdef bint inlined = ops[0].nbytes <= INLINE_BYTES  # the same on every rank once checked
     _pack_headers(c, ops, k, mine, data_off)
-    for j in range(k):
+    for j in range(1 if inlined else 0, k):
         memcpy(mine + data_off[j], ops[j].ptr, ops[j].nbytes)
     o = ops[0]
     _set_desc(c, o.kind, o.dtype, o.nbytes, <uint64_t>o.root, o.op)
     c._set_factor(o)
     c.cb(c.rank).desc[s & 1][D_BATCH] = k
+    if inlined:  # peers read it with the step's tag, one cache line per peer
+        memcpy(&c.cb(c.rank).desc[s & 1][D_INLINE], o.ptr, o.nbytes)
     _step(c)
     m = _agreed_calls(c, ops, k, s, data_off)
     for j in range(m):
         o = ops[j]
         if o.root < 0 or o.root == c.rank:
             for q in range(n):
-                c.srcs[q] = c.slot(q, s) + data_off[j]
+                c.srcs[q] = (<char *>&c.cb(q).desc[s & 1][D_INLINE] if inlined and j == 0
+                             else c.slot(q, s) + data_off[j])
             _load_batch_factors(c, ops, j, s, data_off)
             shm_reduce(o.ptr, c.srcs, c.factors, n, o.count, o.dtype, o.op)
     return m
