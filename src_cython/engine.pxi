@@ -7,9 +7,10 @@
 # >= s (acquire: one cache line per peer brings its arrival and its descriptor; sleepers wait on
 # `seq`), then read peers' slots. A rank publishes s only after it finished reading step s-1, so
 # writing slot[s % 2] at step s never races a reader of step s-2: no trailing barrier is needed.
-# Step numbers are 32-bit, compared wrap-safely, and start 1024 below the wrap (FIRST_STEP). The first step of every collective also carries a
-# descriptor (what was called, dtype, size, root, op) that every rank checks against all others,
-# so a mismatch raises CollectiveMismatchError on every rank instead of returning corrupt data.
+# Step numbers are 32-bit, compared wrap-safely, and start 1024 below the wrap (FIRST_STEP). The
+# first step of every collective also carries a descriptor (what was called, dtype, size, root,
+# op) that every rank checks against all others, so a mismatch raises CollectiveMismatchError on
+# every rank instead of returning corrupt data.
 #
 # Files: this one holds Communicator's fields, layout, inline helpers, lifecycle and the entry
 # points; its mechanisms are free functions taking the Communicator, one concern per file:
