@@ -45,7 +45,7 @@ cdef enum:
 
 cdef str describe_call(const uint64_t *d):
     """One rank's descriptor as text: ``all_reduce(dtype=float32, nbytes=16, op=SUM)``."""
-    cdef uint64_t kind = d[D_KIND] & 0xffffffff  # the upper half is the step tag (waits.pxi _step)
+    cdef uint64_t kind = capi.shm_desc_kind(d[D_KIND])  # (its upper half is the step tag)
     if not 0 < kind < K_COUNT:
         return f"kind {kind}(dtype={d[D_DTYPE]}, nbytes={d[D_NBYTES]}, root={d[D_ROOT]}, op={d[D_OP]})"
     name, fields = _KIND_ROWS[kind].name.decode(), _KIND_ROWS[kind].fields.decode()

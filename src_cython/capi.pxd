@@ -20,6 +20,9 @@ cdef extern from "shm_sync.h" nogil:
     void shm_ring_bell(uint32_t *bell, uint32_t *waiters)
     int shm_wait_geq(uint32_t *word, uint32_t target, uint32_t *waiters,
                      uint64_t spin_ns, int yields, uint64_t sleep_ns)
+    uint64_t shm_desc_word0(uint32_t kind, uint32_t step)
+    uint32_t shm_desc_kind(uint64_t word0)
+    uint32_t shm_desc_step(uint64_t word0)
     int shm_step_reached(const uint64_t *tag, uint32_t target)
     void shm_tag_step(uint64_t *tag, uint32_t s)
     int shm_wait_step(const uint64_t *tag, uint32_t *seq, uint32_t target, uint32_t *waiters,

@@ -428,18 +428,9 @@ cdef class Future:
             >>> fut.wait(timeout=5.0)
             7
         """
-        cdef double limit
-        if self._state == _FUT_RESULT:
-            return self._result
         if self._state == _FUT_PENDING:
-            limit = _fut_timeout_arg(timeout)
-            if limit < 0:
-                self._drive()
-            if self._state == _FUT_PENDING:
-                self._block(limit)
-            if self._state == _FUT_RESULT:
-                return self._result
-        raise self._result
+            return self._wait_fast(_fut_timeout_arg(timeout))
+        return self._wait_fast(-1.0)  # done: its value or its error at once (timeout unread)
 
     def value(self):
         """The value of a completed future, or its exception raised; never blocks.

@@ -186,7 +186,7 @@ cdef _register(Communicator self):
     # Steps start at FIRST_STEP: published here, before peers can see this rank attached (a
     # zero left in place would read as far ahead of it)
     self.step = FIRST_STEP
-    me.desc[0][D_KIND] = me.desc[1][D_KIND] = <uint64_t>FIRST_STEP << 32
+    me.desc[0][D_KIND] = me.desc[1][D_KIND] = capi.shm_desc_word0(0, FIRST_STEP)
     me.seq = FIRST_STEP
     capi.shm_store_seq_cst(&me.state, SHM_RANK_ATTACHED)
     cdef uint32_t joined = capi.shm_fetch_add(&self.hdr.attached, 1) + 1

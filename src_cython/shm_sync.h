@@ -71,19 +71,25 @@ static inline void shm_ring_bell(uint32_t *bell, uint32_t *waiters) {
     if (__atomic_load_n(waiters, __ATOMIC_SEQ_CST)) shm_futex_wake_all(bell);
 }
 
+/* Word 0 of a rank's descriptor (shm_layout.h): the call's kind in its lower half, the step tag
+ * in its upper half. The one place that knows the split. */
+static inline uint64_t shm_desc_word0(uint32_t kind, uint32_t step) { return ((uint64_t)step << 32) | kind; }
+static inline uint32_t shm_desc_kind(uint64_t word0) { return (uint32_t)word0; }
+static inline uint32_t shm_desc_step(uint64_t word0) { return (uint32_t)(word0 >> 32); }
+
 /* A collective step's arrival, as its readers look for it: the upper half of `*tag` (word 0 of
  * the rank's descriptor for the step's parity, shm_layout.h) holds the last step the rank
  * published there, stored after the descriptor and the step's data. One load then brings the
  * arrival and the descriptor together (a cache line per peer per step, not two). */
 static inline int shm_step_reached(const uint64_t *tag, uint32_t target) {
-    return shm_seq_geq((uint32_t)(shm_load_acquire64(tag) >> 32), target);
+    return shm_seq_geq(shm_desc_step(shm_load_acquire64(tag)), target);
 }
 
 /* Store step `s` into the upper half of the caller's own `*tag`, keeping the lower half (the
  * descriptor's kind): only this rank writes it, and never a value readers could take for a later
  * step. Release: the descriptor and data written before it are visible to whoever sees `s`. */
 static inline void shm_tag_step(uint64_t *tag, uint32_t s) {
-    __atomic_store_n(tag, (*tag & 0xffffffffull) | ((uint64_t)s << 32), __ATOMIC_RELEASE);
+    __atomic_store_n(tag, shm_desc_word0(shm_desc_kind(*tag), s), __ATOMIC_RELEASE);
 }
 
 static inline int shm_word_reached(const void *word, uint32_t target) {

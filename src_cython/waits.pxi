@@ -130,7 +130,7 @@ cdef void _part_from(Communicator self, int peer) noexcept nogil:
 
 cdef inline uint64_t _adapted_spin(uint64_t budget, uint64_t most, int got, uint64_t waited) noexcept nogil:
     """The spin budget after a wait that spun for ``budget`` ns and took ``waited`` ns in all
-    (``got``: shm_wait_geq's answer). A wait that ended while spinning, or soon after (within
+    (``got``: shm_wait_step's answer). A wait that ended while spinning, or soon after (within
     WAKE_GRACE_NS: the peer was only being woken), says peers answer within reach of the budget:
     double it. One that waited longer says the budget only burnt a core somebody else needed (a
     loaded machine): halve it, down to a floor. Counting the woken peers as failures too could
@@ -224,8 +224,7 @@ cdef int _step(Communicator self) except -1 nogil:
 cdef void _set_desc(Communicator self, uint64_t kind, uint64_t dtype, uint64_t nbytes, uint64_t root,
                     uint64_t op) noexcept nogil:
     cdef uint64_t *d = self.cb(self.rank).desc[(self.step + 1) & 1]
-    # the kind in word 0's lower half; its upper half keeps the step tag (shm_tag_step)
-    d[D_KIND] = (d[D_KIND] & ~<uint64_t>0xffffffff) | kind
+    d[D_KIND] = capi.shm_desc_word0(<uint32_t>kind, capi.shm_desc_step(d[D_KIND]))  # keeps the tag
     d[D_DTYPE] = dtype; d[D_NBYTES] = nbytes; d[D_ROOT] = root; d[D_OP] = op
 
 

@@ -17,6 +17,7 @@ pytest.importorskip("torch.distributed.fsdp")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "bench", "bench_torch_backend.py")
 NUMBER = r"([0-9]+(?:\.[0-9]+)?)"
+SIGNED = r"(-?[0-9]+(?:\.[0-9]+)?)"
 
 
 @pytest.mark.timeout(120)
@@ -33,7 +34,7 @@ def test_every_section_runs_and_reports_its_floors():
                          text, re.M), (row, text)
     # the floors: torch's own layers measured on a backend that does nothing, beside ours
     floor = re.search(rf"FSDP2 step on a backend that does nothing .*: {NUMBER} ms, {NUMBER} of "
-                      rf"gloo's step; beyond it shmcomm (-?{NUMBER[1:-1]}) ms, gloo (-?{NUMBER[1:-1]}) ms",
+                      rf"gloo's step; beyond it shmcomm {SIGNED} ms, gloo {SIGNED} ms",
                       text)
     assert floor and float(floor.group(1)) > 0, text
     assert re.search(rf"torch's own layer \(dist.all_reduce on a backend that does nothing\) {NUMBER} us",
