@@ -76,6 +76,7 @@ class Communicator:
     small_bytes: int
     timeout: float
     cma_bytes: int
+    unexpected_bytes: int
     stream_bytes: int
     closed: bool
     owner_pid: int

@@ -116,6 +116,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("SHMCOMM_CMA_BYTES", "group", "256 KiB",
             "pieces from this size use cross-memory attach (single copy); 0 turns it off", 0,
             "cma_bytes", lambda g: 256 << 10),
+    # A rank blocked in a receive reads single-copy messages no receive asked for into buffers,
+    # so that two ranks that both send large messages before receiving do not wait for each
+    # other for ever; past this many bytes held so, their senders wait for a matching receive
+    # (MPI's rendezvous). 40 unexpected 64 MiB messages grew a rank by 2.5 GiB without it.
+    Setting("SHMCOMM_UNEXPECTED_BYTES", "group", "256 MiB",
+            "point to point: unexpected single-copy messages held in private buffers, at most "
+            "(in all); past it, their senders wait for a matching receive", 0,
+            "unexpected_bytes", lambda g: 256 << 20),
     # Unmeasured: no machine with several NUMA nodes was at hand (shmcomm/numa.py). Below about
     # a megabyte the composition's four steps of waiting should cost more than the cross-node
     # traffic it saves.

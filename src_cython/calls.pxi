@@ -4,7 +4,7 @@
 # _Call in its Work and in the group's in-flight list, so nothing a later call validates can reach
 # an op that is still queued or running. A synchronous call fills the group's one inline _Call,
 # which only the thread holding the engine touches.
-from cpython.ref cimport PyObject
+from cpython.ref cimport PyObject, Py_DECREF, Py_INCREF
 from libc.stdlib cimport calloc, free
 
 # ---- kinds: descriptor word 0 (each kind's name, fields and runner: registry.pxi) ----------------
@@ -104,7 +104,10 @@ cdef class _Call:
     cdef object fn         # K_PYTHON: fn(*args) runs in issue order
     cdef object args
     cdef object future     # shmcomm.Future handed out by Work.get_future()
-    cdef object pin        # self while a handed-out Future awaits settling (see shm_op_mark)
+    # A handed-out Future awaits settling: the _Call holds a reference to itself that is not an
+    # attribute (Py_INCREF). A `self.pin = self` attribute was a cycle the cyclic GC could free
+    # once the caller dropped the Work, while the engine still held the op (SIGSEGV).
+    cdef bint pinned
     cdef int claim         # inline calls: how the engine is held (SHM_CLAIM_OWN / NESTED)
     cdef bint inline
     cdef object __weakref__
@@ -142,6 +145,17 @@ cdef class _Call:
         self.o.heap = self.o.heap_off = self.o.heap_stride = 0
         self.o.uniform = self.o.overlap = False
         self.o.state = SHM_OP_QUEUED
+
+    cdef inline void pin(self) noexcept:
+        """Keep this call alive until ``unpin``, whoever else lets go of it."""
+        if not self.pinned:
+            self.pinned = True
+            Py_INCREF(self)
+
+    cdef inline void unpin(self) noexcept:
+        if self.pinned:
+            self.pinned = False
+            Py_DECREF(self)
 
     cdef list results(self):
         return [self.outputs] if self.one_output else self.outputs

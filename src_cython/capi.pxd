@@ -42,7 +42,7 @@ cdef extern from "<sched.h>" nogil:
 cdef extern from "shm_layout.h" nogil:
     uint64_t SHM_MAGIC, SHM_HEAP_MAGIC
     uint32_t SHM_VERSION
-    int SHM_HEADER_BYTES, SHM_CB_BYTES, SHM_RING_CTRL_BYTES, SHM_DESC_WORDS
+    int SHM_HEADER_BYTES, SHM_CB_BYTES, SHM_RING_CTRL_BYTES, SHM_DESC_WORDS, SHM_P2P_EXPOSURES
     int SHM_RANK_ABSENT, SHM_RANK_ATTACHED, SHM_RANK_DEPARTED
 
     ctypedef struct shm_header_t:
@@ -84,11 +84,13 @@ cdef extern from "shm_layout.h" nogil:
         uint32_t cma_ok
         uint32_t withdrawn
         uint32_t leases
+        uint32_t lease_progress
         uint32_t cpu
         uint64_t start_time
         uint64_t desc[2][8]
         uint32_t bell
         uint32_t bell_waiters
+        uint32_t exposures[32]  # SHM_P2P_EXPOSURES
 
     ctypedef struct shm_ring_t:
         uint64_t head

@@ -153,6 +153,8 @@ cdef class Communicator:
     cdef readonly size_t stream_bytes  # results this large go out with streaming stores
     cdef bint cma_ok              # single-copy reads from peers work here (probed at start)
     cdef readonly size_t cma_bytes  # pieces at least this large use them
+    cdef readonly size_t unexpected_bytes  # point to point: unexpected single-copy messages taken
+                                  # into private buffers, at most (SHMCOMM_UNEXPECTED_BYTES)
     # ---- progress engine
     cdef capi.shm_engine_t engine
     cdef bint engine_ready
@@ -216,6 +218,7 @@ cdef class Communicator:
         self.spin_ns = self.spin_max_ns = settings["spin_us"] * 1000
         self.yields = settings["yields"]
         self.doze_ns = settings["progress_us"] * 1000
+        self.unexpected_bytes = settings["unexpected_bytes"]
         self.pidfds = <int *>malloc(size * sizeof(int))
         self.pids = <int *>malloc(size * sizeof(int))
         self.srcs = <const void **>malloc(size * sizeof(void *))
@@ -331,6 +334,7 @@ cdef class Communicator:
 
     cdef inline void _unlease(self) noexcept nogil:
         capi.shm_fetch_sub(&self.cb(self.rank).leases, 1)
+        capi.shm_fetch_add(&self.cb(self.rank).lease_progress, 1)  # a withdrawer sees progress
 
     # ---- the queue (queue.pxi): Python's entry points ------------------------------------------
     def submit(self, fn, tuple args, outputs, bint async_op=False):
@@ -746,7 +750,7 @@ cdef void _settle_future(op_t *o) noexcept nogil:
     Callbacks run here; an error escaping one (SystemExit included) is logged, never allowed to
     end the thread that runs the group's ops."""
     with gil:
-        call = <_Call>o.call  # a reference: dropping the pin below cannot free it under us
+        call = <_Call>o.call  # a reference: unpinning below cannot free it under us
         try:
             if call.error is not None:
                 call.future.set_exception(call.error)
@@ -755,4 +759,4 @@ cdef void _settle_future(op_t *o) noexcept nogil:
         except BaseException as exc:  # noqa: BLE001 - see the docstring
             _fut_log_callback_error(call.future, exc)
         finally:
-            call.pin = None
+            call.unpin()

@@ -2,6 +2,8 @@
 # zero copy) holds a lease on that peer, and a rank whose op failed withdraws its memory and waits
 # for the leases on it to end (engine.pxi's header says why this is safe). Free functions of
 # Communicator.
+from cpython.exc cimport PyErr_Fetch, PyErr_Restore
+from cpython.ref cimport Py_XDECREF, Py_XINCREF
 
 cdef char *_scratch(Communicator self, size_t nbytes) except NULL nogil:
     return _grown(&self.scratch, &self.scratch_bytes, nbytes, "scratch")
@@ -36,71 +38,207 @@ cdef bint _publish_table(Communicator self, char **table, int ntable, bint usabl
 
 
 
-cdef int _lease(Communicator self, int q) except -1 nogil:
+# Copies into or out of a peer's memory run in chunks of at most this many bytes, each under a
+# lease of its own: a live copier sees a withdrawal within one chunk (~0.5 ms at memory speed,
+# the chunk's share of a throttled CPU otherwise) and stops, so a withdrawing rank never waits
+# for a whole large copy, and a rank that is merely slow is never taken for a stuck one.
+cdef size_t LEASE_CHUNK = 4 << 20
+
+
+
+cdef int _lease(Communicator self, int q, const uint32_t *exposure=NULL, uint32_t gen=0) except -1 nogil:
     """Take a lease covering rank q's memory (q < 0: every peer's) for the copy about to run;
-    ``_unlease`` ends it. Raises if one of them withdrew (see Leases at the top)."""
+    ``_unlease`` ends it. Raises if one of them withdrew (see Leases at the top). With
+    ``exposure``: a point-to-point copy of the buffer rank q exposed in that word of its control
+    block at generation ``gen`` (``_try_lease`` says whether it is still there without raising)."""
+    cdef int r
+    if _try_lease(self, q, exposure, gen) < 0:
+        r = _withdrawn_peer(self, q, exposure, gen)
+        with gil:
+            raise _fail(self, peer_failure(_name(self), r, self.pids[r],
+                                          "failed this operation and withdrew its buffers"))
+    return 0
+
+
+
+cdef int _try_lease(Communicator self, int q, const uint32_t *exposure, uint32_t gen) noexcept nogil:
+    """The lease of ``_lease``: 0 taken, -1 refused (withdrawn; nothing taken)."""
     cdef capi.shm_cb_t *me = self.cb(self.rank)
-    cdef int r, first = 0 if q < 0 else q, last = self.size if q < 0 else q + 1
     capi.shm_fetch_add(&me.leases, 1)
+    if _withdrawn_peer(self, q, exposure, gen) >= 0:
+        capi.shm_fetch_sub(&me.leases, 1)
+        return -1
+    return 0
+
+
+
+cdef int _withdrawn_peer(Communicator self, int q, const uint32_t *exposure, uint32_t gen) noexcept nogil:
+    """The first rank of those a lease on q covers that withdrew, or -1 (seq_cst loads: see
+    Leases at the top of engine.pxi). A point-to-point exposure is withdrawn once its word moved
+    past ``gen``, whatever the rank's other buffers do."""
+    cdef int r, first = 0 if q < 0 else q, last = self.size if q < 0 else q + 1
+    if exposure != NULL:
+        return -1 if capi.shm_load_seq_cst(exposure) == gen else q
     for r in range(first, last):
         if r != self.rank and capi.shm_load_seq_cst(&self.cb(r).withdrawn):
-            capi.shm_fetch_sub(&me.leases, 1)
-            with gil:
-                raise _fail(self, peer_failure(_name(self), r, self.pids[r],
-                                              "failed this operation and withdrew its buffers"))
-    return 0
+            return r
+    return -1
 
 
 
 cdef int _cma(Communicator self, int q, char *local, uint64_t remote, size_t n, bint write) except -1 nogil:
     """Copy n bytes between ``local`` and address ``remote`` of rank q (write: to rank q),
-    under a lease on q's memory."""
+    chunk by chunk, each under a lease on q's memory."""
     cdef int err
-    if n == 0:
-        return 0
-    _lease(self, q)
-    if write:
-        err = capi.shm_cma_write(self.pids[q], local, remote, n)
-    else:
-        err = capi.shm_cma_read(self.pids[q], local, remote, n)
-    self._unlease()
-    if err:
-        with gil:
-            raise _fail(self, os_failure(f"{_name(self)}: {'writing' if write else 'reading'} rank "
-                                        f"{q}'s memory", err, q, self.pids[q]))
+    cdef size_t m
+    while n:
+        m = min(n, LEASE_CHUNK)
+        _lease(self, q)
+        err = capi.shm_cma_write(self.pids[q], local, remote, m) if write else \
+            capi.shm_cma_read(self.pids[q], local, remote, m)
+        self._unlease()
+        if err:
+            with gil:
+                raise _fail(self, os_failure(f"{_name(self)}: {'writing' if write else 'reading'} "
+                                            f"rank {q}'s memory", err, q, self.pids[q]))
+        local += m
+        remote += m
+        n -= m
     return 0
 
 
 
 cdef void _withdraw(Communicator self) noexcept nogil:
     """After a failed op that exposed this rank's memory: no peer may touch it from now on.
-    Wait until every live peer's copies under way have ended (a dead peer copies nothing);
-    a peer still holding a lease after the group's timeout is stopped (SIGSTOP, a debugger)
-    and is killed, so that it cannot write into memory the caller reuses."""
-    cdef capi.shm_cb_t *me = self.cb(self.rank)
-    cdef uint64_t give_up = capi.shm_now_ns() + <uint64_t>(self.timeout * 1e9)
+    Wait until every live peer's copies under way have ended (``_await_leases``)."""
     cdef int q
-    capi.shm_store_seq_cst(&me.withdrawn, 1)
+    capi.shm_store_seq_cst(&self.cb(self.rank).withdrawn, 1)
     for q in range(self.size):
-        if q == self.rank:
-            continue
-        while capi.shm_load_seq_cst(&self.cb(q).leases) != 0 and not _peer_dead(self, q):
-            if capi.shm_now_ns() > give_up:
-                _end_stuck_peer(self, q)
-                break
-            usleep(100)
+        if q != self.rank:
+            _await_leases(self, q)
 
 
 
-cdef void _end_stuck_peer(Communicator self, int q) noexcept nogil:
-    """Kill rank q, which has held a lease on this rank's memory for the whole timeout, and
-    wait (bounded) until it is gone: only then can it no longer write here."""
-    cdef uint64_t give_up = capi.shm_now_ns() + 5 * 1000 * 1000 * 1000ULL
+cdef void _await_leases(Communicator self, int q) noexcept nogil:
+    """Wait until rank q holds no lease (the copies it has under way ended) or is dead; called
+    after this rank withdrew (so q takes no new lease on its memory). A live q ends its lease
+    within one chunk (LEASE_CHUNK). One that ends none for the whole timeout is stopped (SIGSTOP,
+    a debugger, swapped out) and is killed (_end_stuck_peer), so that it cannot write into memory
+    the caller reuses: the policy of NCCL's watchdog, which also tears a stuck process down. A
+    Python signal (Ctrl-C) arriving meanwhile cuts that grace to STUCK_AFTER_SIGNAL_NS."""
+    cdef capi.shm_cb_t *peer = self.cb(q)
+    cdef uint32_t progress = capi.shm_load_seq_cst(&peer.lease_progress), now_progress
+    cdef uint64_t quiet_since = capi.shm_now_ns(), grace = _seconds_ns(self.timeout), checked = 0, now
+    while capi.shm_load_seq_cst(&peer.leases) != 0 and not _peer_dead(self, q):
+        now = capi.shm_now_ns()
+        now_progress = capi.shm_load_seq_cst(&peer.lease_progress)
+        if now_progress != progress:
+            progress, quiet_since = now_progress, now
+        elif now - quiet_since > grace:
+            _end_stuck_peer(self, q, now - quiet_since)
+            return
+        if now - checked > SLICE_NS:
+            checked = now
+            if _signal_arrived():
+                grace = min(grace, STUCK_AFTER_SIGNAL_NS)
+        usleep(100)
+
+
+cdef uint64_t STUCK_AFTER_SIGNAL_NS = 500 * 1000 * 1000
+
+
+
+cdef bint _signal_arrived() noexcept nogil:
+    """Whether a Python signal handler raised (Ctrl-C) while a withdrawal waits; the error
+    being raised is kept, the signal's own is dropped (it already interrupts the caller)."""
+    cdef bint arrived
     with gil:
-        sys.stderr.write(f"shmcomm: rank {self.rank}: rank {q} (pid {self.pids[q]}) has been "
-                         f"copying into this rank's memory for more than {self.timeout} s after "
-                         f"the operation failed (stopped?); killing it so it cannot write into "
-                         f"reused memory\n")
+        saved = _stash_error()
+        arrived = PyErr_CheckSignals() != 0
+        _restore_error(saved)
+    return arrived
+
+
+
+cdef void _end_stuck_peer(Communicator self, int q, uint64_t quiet_ns) noexcept nogil:
+    """Kill rank q, which has held a lease on this rank's memory without progress for
+    ``quiet_ns`` after this rank withdrew it, and wait (bounded) until it is gone: only then can
+    it no longer write here. Said on both ranks' stderr (the killed one's through
+    /proc/PID/fd/2: a killed process cannot say why itself). Never a recycled pid: by pidfd, or
+    by pid only while that pid still has the start time the rank registered with."""
+    cdef uint64_t give_up = capi.shm_now_ns() + 5 * 1000 * 1000 * 1000ULL
+    cdef bint same_process = True
+    with gil:
+        saved = _stash_error()  # the operation's error, being raised: writing must not lose it
+        try:
+            text = (f"shmcomm: rank {self.rank} (pid {getpid()}) of group {self.job}.{self.part} "
+                    f"killed rank {q} (pid {self.pids[q]}): after rank {self.rank}'s operation "
+                    f"failed, rank {q} held a lease on its memory (a copy in or out of it) and made "
+                    f"no progress for {quiet_ns / 1e9:.1f} s (the group's timeout: stopped or "
+                    f"swapped out?); killed so that it cannot write into memory the caller reuses\n")
+            _tell_stderr(None, text)
+            _tell_stderr(self.pids[q], text)
+            if self.pidfds[q] < 0:
+                from shmcomm.trust import process_identity
+                ident = process_identity(self.pids[q])
+                same_process = ident is not None and ident[1] == self.cb(q).start_time
+        finally:
+            _restore_error(saved)
+    if not same_process:
+        return  # q's pid is gone or names another process now: q itself writes nothing more
     capi.shm_pidfd_kill(self.pidfds[q], self.pids[q], SIGKILL)
     while not _peer_dead(self, q) and capi.shm_now_ns() < give_up:
         usleep(1000)
+
+
+
+cdef _tell_stderr(object pid, str text):
+    """Best effort: ``text`` on this process's stderr (pid None) or on process pid's."""
+    try:
+        if pid is None:
+            sys.stderr.write(text)
+            sys.stderr.flush()
+        else:
+            with open(f"/proc/{pid}/fd/2", "a") as f:
+                f.write(text)
+    except Exception:  # noqa: BLE001 - a closed or unwritable stderr must not stop the kill
+        pass
+
+
+
+cdef tuple _stash_error():
+    """Take the pending Python error (if any) out of the way of Python code to run; give it
+    back with ``_restore_error``."""
+    cdef PyObject *t = NULL
+    cdef PyObject *v = NULL
+    cdef PyObject *tb = NULL
+    PyErr_Fetch(&t, &v, &tb)
+    if t == NULL:
+        return None
+    # PyErr_Fetch handed over its references: the tuple takes them
+    saved = (<object>t, <object>v if v != NULL else None, <object>tb if tb != NULL else None)
+    Py_XDECREF(t)
+    Py_XDECREF(v)
+    Py_XDECREF(tb)
+    return saved
+
+
+
+cdef void _restore_error(tuple saved):
+    cdef PyObject *parts[3]
+    if saved is None:
+        return
+    for i in range(3):
+        parts[i] = NULL if saved[i] is None else <PyObject *>saved[i]
+        Py_XINCREF(parts[i])  # PyErr_Restore takes these references
+    PyErr_Restore(parts[0], parts[1], parts[2])
+
+
+cdef inline uint64_t _seconds_ns(double seconds) noexcept nogil:
+    """``seconds`` in ns, saturated: inf or anything past ~584 years is UINT64_MAX, never an
+    overflow (undefined in C)."""
+    if not seconds > 0:
+        return 0
+    if seconds >= 1.8e10:
+        return 0xffffffffffffffffULL
+    return <uint64_t>(seconds * 1e9)

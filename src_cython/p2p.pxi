@@ -14,6 +14,16 @@
 # From SHARED_PUSH_BYTES up the two share the copy: the receiver asks the sender (PUSH) to write
 # the second half into the receive buffer while it reads the first half itself; the receive
 # completes on PUSHED, the send on the ACK (which follows the PUSH in the same ring).
+#
+# Exposures. A single-copy message exposes a buffer to a peer: the sender's (the receiver reads
+# it) and, for a PUSH, the receiver's (the sender writes into it). Each exposure takes a slot of
+# the owner's control block (`exposures`, SHM_P2P_EXPOSURES of them) and carries the slot's
+# generation in the message; the peer copies only under a lease that finds that generation still
+# there (leases.pxi), chunk by chunk. The owner ends an exposure by moving the slot to its next
+# generation: when the message completes, and when its operation fails, after which it also
+# waits until the peer's copies under way have ended (the same lease rule as collectives). So a
+# failed send or receive returns only once nothing can touch its buffer any more, and a failure
+# voids that message's buffer alone. With every slot in use, a message goes through the ring.
 import threading
 from collections import deque
 from cpython.pythread cimport (
@@ -23,15 +33,18 @@ from cpython.pythread cimport (
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy
 
-# A thread blocked this long in drive() takes unexpected single-copy messages into buffers.
+# A thread blocked this long in drive() takes unexpected single-copy messages into buffers (up
+# to the group's unexpected_bytes in all: SHMCOMM_UNEXPECTED_BYTES).
 cdef uint64_t PULL_AFTER_NS = 1000 * 1000
 
 cdef enum:
-    MSG_HEADER_BYTES = 48   # magic u32, dtype u32, tag i64, nbytes u64, kind u64, addr u64, id u64
+    MSG_HEADER_BYTES = 64   # magic u32, dtype u32, tag i64, nbytes u64, kind u64, addr u64, id u64,
+                            # exposure u64 (slot << 32 | generation of the buffer at addr), 0 u64
     MSG_MAGIC = 0x4d534853  # "SHSM"
     MSG_DATA = 0            # the payload follows in the ring
     MSG_CMA = 1             # the payload stays at `addr` in the sender: read it from there
-    MSG_ACK = 2             # the CMA message `id` was read: its send is complete
+    MSG_ACK = 2             # the CMA message `id` was read: its send is complete (dtype: 0, or
+                            # the errno of a receive that failed before it took the message)
     MSG_PUSH = 3            # receiver -> sender: write bytes [tag, tag + nbytes) of message `id` to `addr`
     MSG_PUSHED = 4          # sender -> receiver: that write is done (dtype: 0, or the errno)
 
@@ -76,12 +89,13 @@ cdef size_t SHARED_PUSH_BYTES = 1 << 20
 
 
 cdef inline void _pack_header(unsigned char *header, int dtype, int64_t tag, uint64_t nbytes,
-                              uint64_t kind, uint64_t addr, uint64_t msg_id) noexcept nogil:
+                              uint64_t kind, uint64_t addr, uint64_t msg_id,
+                              uint64_t exposure=0) noexcept nogil:
     cdef uint64_t *h = <uint64_t *>header
     (<uint32_t *>header)[0] = MSG_MAGIC
     (<uint32_t *>header)[1] = dtype
     (<int64_t *>header)[1] = tag
-    h[2], h[3], h[4], h[5] = nbytes, kind, addr, msg_id
+    h[2], h[3], h[4], h[5], h[6], h[7] = nbytes, kind, addr, msg_id, exposure, 0
 
 
 cdef class _SendOp:
@@ -91,10 +105,11 @@ cdef class _SendOp:
     cdef size_t total      # header + payload
     cdef size_t nbytes     # payload
     cdef size_t done
-    cdef unsigned char header[48]
+    cdef unsigned char header[64]
     cdef uint64_t deadline
     cdef int dst
     cdef bint waits_for_ack
+    cdef int slot           # the exposure of a single-copy send's buffer, or -1
 
 
 cdef class _RecvOp:
@@ -113,11 +128,14 @@ cdef class _RecvOp:
 cdef class _Incoming:
     """The message currently streaming in from one sender."""
     cdef int src
-    cdef unsigned char header[48]
+    cdef unsigned char header[64]
     cdef size_t header_got
     cdef uint64_t kind
     cdef uint64_t addr
     cdef uint64_t msg_id
+    cdef uint64_t exposure  # single copy: the sender's slot << 32 | generation for `addr`
+    cdef bint pulled        # its payload was pulled into `buf` (counted in pulled_bytes)
+    cdef bint dropped       # its receive failed mid-stream: the rest is read and dropped
     cdef int64_t tag
     cdef size_t nbytes
     cdef int dtype
@@ -142,7 +160,9 @@ cdef class P2PEngine:
     cdef int pending
     cdef bint closed
     cdef dict acks_due       # CMA message id -> _SendOp waiting for the receiver's ACK
-    cdef dict pushes_due     # (sender, message id) -> [_RecvOp, error] waiting for PUSHED
+    cdef dict pushes_due     # (sender, message id) -> [_RecvOp, error, slot] waiting for PUSHED
+    cdef uint32_t free_slots # exposure slots of this rank not in use (bit i: slot i)
+    cdef size_t pulled_bytes # unexpected single-copy payloads held in private buffers
     cdef uint64_t next_id
     cdef uint64_t *known_tail    # per destination: its ring's tail when last read (only grows)
 
@@ -164,6 +184,8 @@ cdef class P2PEngine:
         self.closed = False
         self.acks_due = {}
         self.pushes_due = {}
+        self.free_slots = 0xffffffff  # all SHM_P2P_EXPOSURES (32) slots
+        self.pulled_bytes = 0
         self.next_id = 0
         self.known_tail = <uint64_t *>calloc(comm.size, sizeof(uint64_t))
         if self.known_tail == NULL:
@@ -176,16 +198,18 @@ cdef class P2PEngine:
         op.owner = as_buf(array, &b, False, "array")
         self._check_peer(dst, "dst")
         op.future, op.ptr, op.total, op.done, op.dst = future, b.ptr, MSG_HEADER_BYTES + b.nbytes, 0, dst
-        op.nbytes = b.nbytes
-        kind = MSG_DATA
-        if self._single_copy(b.nbytes, dst):
-            kind, op.total, op.waits_for_ack = MSG_CMA, MSG_HEADER_BYTES, True
-            self.next_id += 1
-        _pack_header(op.header, b.dtype, tag, b.nbytes, kind, <uint64_t>b.ptr, self.next_id)
+        op.nbytes, op.slot = b.nbytes, -1
         op.deadline = self._deadline()
         self.lock.acquire()
         try:
             self._check_open()
+            kind, exposure = MSG_DATA, 0
+            if self._single_copy(b.nbytes, dst):
+                exposure = _p2p_expose(self, &op.slot)
+                if op.slot >= 0:  # (every slot in use: through the ring)
+                    kind, op.total, op.waits_for_ack = MSG_CMA, MSG_HEADER_BYTES, True
+                    self.next_id += 1
+            _pack_header(op.header, b.dtype, tag, b.nbytes, kind, <uint64_t>b.ptr, self.next_id, exposure)
             self.sendq[dst].append(op)
             self.pending += 1
             _p2p_pass(self)

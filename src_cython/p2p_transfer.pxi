@@ -2,6 +2,9 @@
 # ring), control messages, moving every byte that can move (_p2p_pass: ring writes and reads,
 # matching arrivals to posted receives, single-copy pulls and pushes) and failing what a dead peer
 # leaves behind. Free functions of P2PEngine (p2p.pxi holds its state, posting and threads).
+from libc.errno cimport EIO
+cdef extern from "<errno.h>":
+    int ECANCELED  # (not in Cython's libc.errno): a copy refused because its buffer was withdrawn
 
 # ---- eager paths and control messages --------------------------------------------------------
 cdef bint _p2p_put_eager(P2PEngine self, int dst, buf_t *b, int64_t tag) except -1:
@@ -53,11 +56,11 @@ cdef int _p2p_take_eager(P2PEngine self, int src, buf_t *b, int64_t tag) except 
 
 
 cdef _p2p_send_control(P2PEngine self, int dst, uint64_t kind, uint64_t msg_id, int status=0, int64_t offset=0,
-                   uint64_t nbytes=0, uint64_t addr=0):
+                   uint64_t nbytes=0, uint64_t addr=0, uint64_t exposure=0):
     """Send a header-only control message (ACK, PUSH, PUSHED) about message `msg_id`."""
     cdef _SendOp ctl = _SendOp()
-    ctl.total, ctl.done, ctl.dst, ctl.deadline = MSG_HEADER_BYTES, 0, dst, self._deadline()
-    _pack_header(ctl.header, status, offset, nbytes, kind, addr, msg_id)
+    ctl.total, ctl.done, ctl.dst, ctl.deadline, ctl.slot = MSG_HEADER_BYTES, 0, dst, self._deadline(), -1
+    _pack_header(ctl.header, status, offset, nbytes, kind, addr, msg_id, exposure)
     if not self.sendq[dst]:  # usually the ring has room: send it now, the peer is waiting
         _p2p_write(self, dst, ctl)
         if ctl.done == ctl.total:
@@ -135,6 +138,7 @@ cdef bint _p2p_read(P2PEngine self, int src) except -1:
     cdef _Incoming inc = self.incoming[src]
     cdef size_t n
     cdef char *dst
+    cdef bytearray drain
     if inc is None:
         inc = _Incoming()
         inc.src = src
@@ -152,11 +156,14 @@ cdef bint _p2p_read(P2PEngine self, int src) except -1:
         inc.kind = (<uint64_t *>inc.header)[3]
         inc.addr = (<uint64_t *>inc.header)[4]
         inc.msg_id = (<uint64_t *>inc.header)[5]
+        inc.exposure = (<uint64_t *>inc.header)[6]
         if inc.kind == MSG_ACK:
             self.incoming[src] = None
             acked = self.acks_due.pop(inc.msg_id, None)
             if acked is not None:
-                _p2p_finish(self, (<_SendOp>acked).future, None, None, -1)
+                _p2p_end_send(self, acked, None if inc.dtype == 0 else ShmcommError(
+                    f"send to rank {src}: its receive failed before it took the message "
+                    f"({_os_error_text(inc.dtype)}); the message was not delivered"))
             return True
         if inc.kind == MSG_PUSH:
             self.incoming[src] = None
@@ -166,6 +173,7 @@ cdef bint _p2p_read(P2PEngine self, int src) except -1:
             self.incoming[src] = None
             waiting = self.pushes_due.pop((src, inc.msg_id), None)
             if waiting is not None:
+                _p2p_unexpose(self, waiting[2], src, False)  # the sender's write is over
                 error = waiting[1]
                 if error is None and inc.dtype:
                     error = ShmcommError(f"recv from rank {src}: it could not write into this "
@@ -176,17 +184,22 @@ cdef bint _p2p_read(P2PEngine self, int src) except -1:
             inc.got = inc.nbytes  # nothing more comes through the ring
         _p2p_match(self, inc)
     if inc.got < inc.nbytes:
-        if inc.buf is not None:
-            dst = <char *>inc.buf + inc.got
+        if inc.dropped:  # its receive failed: the rest never touches the receive's buffer
+            drain = _p2p_drain(self)
+            n = _p2p_take(self, src, <char *>drain, min(<size_t>len(drain), inc.nbytes - inc.got))
+        elif inc.buf is not None:
+            n = _p2p_take(self, src, <char *>inc.buf + inc.got, inc.nbytes - inc.got)
         else:
-            dst = inc.target.ptr + inc.got
-        n = _p2p_take(self, src, dst, inc.nbytes - inc.got)
+            n = _p2p_take(self, src, inc.target.ptr + inc.got, inc.nbytes - inc.got)
         inc.got += n
         if inc.got < inc.nbytes:
             return n > 0
     inc.complete = True
     self.incoming[src] = None
-    if inc.target is not None:
+    if inc.dropped:  # its receive already failed
+        if inc in self.unexpected:
+            self.unexpected.remove(inc)
+    elif inc.target is not None:
         if inc.buf is not None and inc in self.unexpected:
             self.unexpected.remove(inc)  # a receive claimed it while it streamed in
         _p2p_deliver(self, inc)
@@ -216,24 +229,34 @@ cdef _p2p_match(P2PEngine self, _Incoming inc):
 cdef _p2p_deliver(P2PEngine self, _Incoming inc):
     cdef _RecvOp op = inc.target
     cdef char *src
+    cdef int slot
+    cdef uint64_t exposure
     if inc.kind == MSG_CMA:
         if inc.error is None and (op.nbytes != inc.nbytes or op.dtype != inc.dtype):
             inc.error = CollectiveMismatchError(
                 f"recv: rank {inc.src} sent {inc.nbytes} bytes of {DTYPE_NAMES[inc.dtype]} "
                 f"(tag {inc.tag}) into a buffer of {op.nbytes} bytes of {DTYPE_NAMES[op.dtype]}")
         if inc.error is None and inc.nbytes >= SHARED_PUSH_BYTES and inc.src != self.comm.rank:
-            # Share the copy: the sender writes the second half while this rank reads the
-            # first; the receive completes when its PUSHED arrives.
-            split = (inc.nbytes // 2) & ~(<size_t>4095)
-            _p2p_send_control(self, inc.src, MSG_PUSH, inc.msg_id, 0, split, inc.nbytes - split,
-                               <uint64_t>op.ptr + split)
-            error = _p2p_read_from_sender(self, inc, op.ptr, split)
-            _p2p_send_control(self, inc.src, MSG_ACK, inc.msg_id)
-            self.pushes_due[(inc.src, inc.msg_id)] = [op, error]
-            return
+            # Share the copy: the sender writes the second half (exposed to it, see Exposures
+            # in p2p.pxi) while this rank reads the first; the receive completes when its
+            # PUSHED arrives. (Every exposure slot in use: this rank copies it all.)
+            exposure = _p2p_expose(self, &slot)
+            if slot >= 0:
+                split = (inc.nbytes // 2) & ~(<size_t>4095)
+                _p2p_send_control(self, inc.src, MSG_PUSH, inc.msg_id, 0, split, inc.nbytes - split,
+                                   <uint64_t>op.ptr + split, exposure)
+                error = _p2p_read_from_sender(self, inc, op.ptr, split)
+                _p2p_send_control(self, inc.src, MSG_ACK, inc.msg_id, 0 if error is None else EIO)
+                if error is None:
+                    self.pushes_due[(inc.src, inc.msg_id)] = [op, error, slot]
+                else:  # (a sender that withdrew may never answer the PUSH: fail now)
+                    _p2p_unexpose(self, slot, inc.src, True)
+                    _p2p_finish_recv(self, op, error, inc.src)
+                return
+        read_error = None  # (a mismatch releases the sender: its send completes, as in MPI)
         if inc.error is None:
-            inc.error = _p2p_read_from_sender(self, inc, op.ptr, inc.nbytes)
-        _p2p_send_control(self, inc.src, MSG_ACK, inc.msg_id)
+            read_error = inc.error = _p2p_read_from_sender(self, inc, op.ptr, inc.nbytes)
+        _p2p_send_control(self, inc.src, MSG_ACK, inc.msg_id, 0 if read_error is None else EIO)
     elif inc.error is None and inc.buf is not None:
         if op.nbytes != inc.nbytes or op.dtype != inc.dtype:
             inc.error = CollectiveMismatchError(
@@ -242,48 +265,135 @@ cdef _p2p_deliver(P2PEngine self, _Incoming inc):
         else:
             src = <char *>inc.buf
             memcpy(op.ptr, src, inc.nbytes)
+    if inc.pulled:
+        self.pulled_bytes -= inc.nbytes
+        inc.pulled, inc.buf = False, None
     _p2p_finish_recv(self, op, inc.error, inc.src)
 
 
 
 cdef _p2p_push(P2PEngine self, int dst, _Incoming req):
-    """A receiver asked for part of a CMA message we sent: write it into its buffer."""
+    """A receiver asked for part of a CMA message we sent: write it into its buffer (under a
+    lease on the exposure it named: a receive that failed meanwhile refuses it)."""
     cdef _SendOp op = self.acks_due.get(req.msg_id)
-    cdef int err = 0, pid = self.comm.pids[dst]
-    cdef uint64_t remote = req.addr
+    cdef int err = 0
     cdef size_t n = req.nbytes
-    cdef char *local
     if op is None:  # the send already failed here (timeout, abort): tell the receiver
         _p2p_send_control(self, dst, MSG_PUSHED, req.msg_id, 5)  # EIO
         return
-    if req.tag < 0 or <size_t>req.tag > op.nbytes or n > op.nbytes - <size_t>req.tag:
+    if req.tag < 0 or <size_t>req.tag > op.nbytes or n > op.nbytes - <size_t>req.tag \
+            or (req.exposure >> 32) >= SHM_P2P_EXPOSURES:
         # read from the ring, so never trusted: only the message's own bytes are ever sent
         _p2p_send_control(self, dst, MSG_PUSHED, req.msg_id, 22)  # EINVAL
         return
-    local = op.ptr + req.tag
-    with nogil:
-        err = capi.shm_cma_write(pid, local, remote, n)
+    err = _p2p_copy(self, dst, op.ptr + req.tag, req.addr, n, True, req.exposure)
     _p2p_send_control(self, dst, MSG_PUSHED, req.msg_id, err)
     if err:
         del self.acks_due[req.msg_id]
-        # ESRCH: the receiver died after it asked (a PeerFailureError, as every death is)
-        _p2p_finish(self, op.future, os_failure(f"send to rank {dst}: writing into its buffer", err,
-                                                dst, pid), None, -1)
+        if err == ECANCELED:
+            error = ShmcommError(f"send to rank {dst}: its receive failed (timed out or was "
+                                 f"aborted) before this rank wrote its part; the message was not "
+                                 f"delivered")
+        else:  # ESRCH: the receiver died after it asked (a PeerFailureError, as every death is)
+            error = os_failure(f"send to rank {dst}: writing into its buffer", err, dst,
+                               self.comm.pids[dst])
+        _p2p_end_send(self, op, error)
 
 
 
 cdef object _p2p_read_from_sender(P2PEngine self, _Incoming inc, char *dst, size_t n):
     """Copy the first n bytes of a CMA message out of the sender's memory; an error or None."""
-    cdef int err = 0, pid = self.comm.pids[inc.src]
-    cdef uint64_t addr = inc.addr
+    cdef int err = 0
     if inc.src == self.comm.rank:
-        memcpy(dst, <char *>addr, n)
+        memcpy(dst, <char *>inc.addr, n)
         return None
-    with nogil:
-        err = capi.shm_cma_read(pid, dst, addr, n)
+    if (inc.exposure >> 32) >= SHM_P2P_EXPOSURES:
+        return ShmcommError(f"corrupt message header from rank {inc.src}")
+    err = _p2p_copy(self, inc.src, dst, inc.addr, n, False, inc.exposure)
     if err == 0:
         return None
-    return os_failure(f"recv from rank {inc.src}: reading its memory", err, inc.src, pid)
+    if err == ECANCELED:
+        return ShmcommError(f"recv from rank {inc.src}: its send failed (timed out or was aborted) "
+                            f"and withdrew its buffer before this rank read it")
+    return os_failure(f"recv from rank {inc.src}: reading its memory", err, inc.src,
+                      self.comm.pids[inc.src])
+
+
+
+cdef int _p2p_copy(P2PEngine self, int q, char *local, uint64_t remote, size_t n, bint write,
+                   uint64_t exposure):
+    """Copy n bytes between ``local`` and rank q's buffer at ``remote``, which q exposed as
+    ``exposure`` (slot << 32 | generation), chunk by chunk under leases on it. 0, ECANCELED if q
+    withdrew it, or the copy's errno."""
+    cdef Communicator c = self.comm
+    cdef const uint32_t *word = &c.cb(q).exposures[exposure >> 32]
+    cdef uint32_t gen = <uint32_t>exposure
+    cdef int err = 0, pid = c.pids[q]
+    cdef size_t m
+    with nogil:
+        while n and not err:
+            m = min(n, LEASE_CHUNK)
+            if _try_lease(c, q, word, gen) < 0:
+                err = ECANCELED
+                break
+            err = capi.shm_cma_write(pid, local, remote, m) if write else \
+                capi.shm_cma_read(pid, local, remote, m)
+            c._unlease()
+            local += m
+            remote += m
+            n -= m
+    return err
+
+
+
+cdef uint64_t _p2p_expose(P2PEngine self, int *slot):
+    """Expose a buffer of this rank to a peer: take a free slot and move it to its next
+    generation; returns the exposure (slot << 32 | generation), with ``slot[0]`` the slot (-1 when
+    every slot is in use: the caller then does without single copy)."""
+    cdef int i
+    cdef uint32_t gen
+    slot[0] = -1
+    for i in range(SHM_P2P_EXPOSURES):
+        if self.free_slots & (1u << i):
+            self.free_slots &= ~(1u << i)
+            gen = capi.shm_fetch_add(&self.comm.cb(self.comm.rank).exposures[i], 1) + 1
+            slot[0] = i
+            return (<uint64_t>i << 32) | gen
+    return 0
+
+
+
+cdef _p2p_unexpose(P2PEngine self, int slot, int peer, bint withdraw):
+    """End exposure ``slot``: its next generation voids the buffer for peers. ``withdraw`` (its
+    operation failed): also wait until ``peer``'s copies under way have ended, so that nothing
+    touches the buffer once the failure is reported (_await_leases: a stuck peer is killed)."""
+    cdef Communicator c = self.comm
+    capi.shm_fetch_add(&c.cb(c.rank).exposures[slot], 1)  # seq_cst: see Leases, engine.pxi
+    if withdraw and peer != c.rank:
+        with nogil:
+            _await_leases(c, peer)
+    self.free_slots |= 1u << slot
+
+
+
+cdef _p2p_end_send(P2PEngine self, _SendOp s, error):
+    """Complete a send (error None) or fail it; a single-copy send's buffer exposure ends."""
+    if s.slot >= 0:
+        _p2p_unexpose(self, s.slot, s.dst, error is not None)
+        s.slot = -1
+    _p2p_finish(self, s.future, error, None, -1)
+
+
+
+cdef bytearray _p2p_drain(P2PEngine self):
+    """Where the rest of a message whose receive failed mid-stream is read to (and dropped)."""
+    global _drain_buffer
+    if _drain_buffer is None:
+        _drain_buffer = bytearray(64 << 10)
+    return _drain_buffer
+
+
+cdef object _drain_buffer = None
 
 
 
@@ -321,9 +431,12 @@ cdef bint _p2p_pull_unexpected(P2PEngine self) except -1:
         if inc.kind != MSG_CMA or not inc.complete or inc.target is not None \
                 or inc.error is not None or inc.src == self.comm.rank:
             continue
+        if self.pulled_bytes + inc.nbytes > self.comm.unexpected_bytes:
+            continue  # bounded: this one's sender waits for its receive (MPI's rendezvous)
         data = bytearray(inc.nbytes)
         inc.error = _p2p_read_from_sender(self, inc, <char *>data, inc.nbytes)
-        inc.kind, inc.buf = MSG_DATA, data  # a receive now copies it out, as any buffered one
+        inc.kind, inc.buf, inc.pulled = MSG_DATA, data, True  # a receive copies it out, as any buffered one
+        self.pulled_bytes += inc.nbytes
         if inc.error is None:
             _p2p_send_control(self, inc.src, MSG_ACK, inc.msg_id)
         pulled = True
@@ -341,22 +454,29 @@ cdef _p2p_check_failures(P2PEngine self):
         _p2p_fail_all(self, _aborted(self.comm, "point to point"))
         return
     gone = [q != c.rank and _peer_gone(c, q) for q in range(c.size)]
+    cdef _Incoming inc
     for q in range(c.size):
         while self.sendq[q]:
             s = self.sendq[q][0]
             if not gone[q] and now < s.deadline:
                 break
             self.sendq[q].popleft()
-            _p2p_finish(self, s.future, _p2p_why(self, q, gone[q], "send to"), None, -1)
+            _p2p_end_send(self, s, _p2p_why(self, q, gone[q], "send to"))
     for msg_id, s in list(self.acks_due.items()):
         if gone[s.dst] or now >= s.deadline:
             del self.acks_due[msg_id]
-            _p2p_finish(self, s.future, _p2p_why(self, s.dst, gone[s.dst], "send to"), None, -1)
+            _p2p_end_send(self, s, _p2p_why(self, s.dst, gone[s.dst], "send to", True))
     for key, waiting in list(self.pushes_due.items()):
         r = waiting[0]
         if gone[key[0]] or now >= r.deadline:
             del self.pushes_due[key]
+            _p2p_unexpose(self, waiting[2], key[0], True)
             _p2p_finish(self, r.future, _p2p_why(self, key[0], gone[key[0]], "recv from"), None, -1)
+    for q in range(c.size):  # receives whose message stopped streaming in part way
+        inc = self.incoming[q]
+        if inc is not None and inc.target is not None and not inc.dropped and not inc.complete \
+                and (gone[q] or now >= inc.target.deadline):
+            _p2p_drop(self, inc, _p2p_why(self, q, gone[q], "recv from"))
     everyone_gone = all(gone[q] for q in range(c.size) if q != c.rank)
     for r in list(self.posted):
         if now >= r.deadline or (gone[r.src] if r.src >= 0 else everyone_gone and c.size > 1):
@@ -365,31 +485,50 @@ cdef _p2p_check_failures(P2PEngine self):
 
 
 
-cdef object _p2p_why(P2PEngine self, int q, bint gone, str what):
+cdef object _p2p_why(P2PEngine self, int q, bint gone, str what, bint unreceived=False):
     c = self.comm
     if gone:
         pid = c.pids[q] if q >= 0 else -1
         return peer_failure(f"{what} rank {q}", q, pid)
+    if unreceived:  # a single-copy send whose receive never came
+        return CommTimeoutError(
+            f"{what} rank {q}: not received within {c.timeout} s (messages of SHMCOMM_CMA_BYTES "
+            f"({c.cma_bytes}) and up wait for a matching receive, as MPI's rendezvous does; ones "
+            f"no receive asked for are taken into buffers only up to SHMCOMM_UNEXPECTED_BYTES "
+            f"({c.unexpected_bytes}) in all)")
     return CommTimeoutError(f"{what} rank {q}: no progress within {c.timeout} s")
+
+
+
+cdef _p2p_drop(P2PEngine self, _Incoming inc, error):
+    """Fail the receive a message was streaming into; the rest of it is read and dropped."""
+    inc.dropped = True
+    _p2p_finish(self, inc.target.future, error, None, -1)
 
 
 
 cdef _p2p_fail_all(P2PEngine self, exc):
     cdef _SendOp s
     cdef _RecvOp r
+    cdef _Incoming inc
     for q in range(self.comm.size):
         while self.sendq[q]:
             s = self.sendq[q].popleft()
-            _p2p_finish(self, s.future, exc, None, -1)
+            _p2p_end_send(self, s, exc)
     for r in self.posted:
         _p2p_finish(self, r.future, exc, None, -1)
     self.posted.clear()
-    for s in self.acks_due.values():
-        _p2p_finish(self, s.future, exc, None, -1)
-    self.acks_due.clear()
-    for waiting in self.pushes_due.values():
+    acks_due, self.acks_due = self.acks_due, {}
+    for s in acks_due.values():
+        _p2p_end_send(self, s, exc)
+    pushes_due, self.pushes_due = self.pushes_due, {}
+    for key, waiting in pushes_due.items():
+        _p2p_unexpose(self, waiting[2], key[0], True)
         _p2p_finish(self, (<_RecvOp>waiting[0]).future, exc, None, -1)
-    self.pushes_due.clear()
+    for q in range(self.comm.size):
+        inc = self.incoming[q]
+        if inc is not None and inc.target is not None and not inc.dropped and not inc.complete:
+            _p2p_drop(self, inc, exc)
     for inc in self.unexpected:
-        if (<_Incoming>inc).target is not None:
-            _p2p_finish(self, (<_Incoming>inc).target.future, exc, None, -1)
+        if inc.target is not None and not inc.dropped:
+            _p2p_finish(self, inc.target.future, exc, None, -1)

@@ -181,12 +181,18 @@ cdef object _go(Communicator self, _Call call, object owners, object outputs, bi
     if call.inline:
         with nogil:
             rc = (<_exec_unchecked_t>_exec_entry)(self, o)
-            if rc < 0 and self.published:
-                _withdraw(self)
-            self.published = False
-            capi.shm_engine_release(&self.engine, call.claim, 0)
+            if rc >= 0:
+                self.published = False
+                capi.shm_engine_release(&self.engine, call.claim, 0)
         if rc < 0:
-            raise _fetch_exception()
+            # taken before the withdrawal, which may run Python (a message) that would lose it
+            error = _fetch_exception()
+            with nogil:
+                if self.published:
+                    _withdraw(self)
+                self.published = False
+                capi.shm_engine_release(&self.engine, call.claim, 0)
+            raise error
         return None
     call.owners = owners
     call.outputs = outputs

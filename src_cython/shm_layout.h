@@ -10,12 +10,13 @@
 #include <string.h>
 
 #define SHM_MAGIC 0x006D6D6F636D6873ull /* "shmcomm\0" */
-#define SHM_VERSION 7u
+#define SHM_VERSION 8u
 #define SHM_HEAP_MAGIC 0x0070616568636873ull /* "shcheap\0" */
 #define SHM_HEADER_BYTES 4096
 #define SHM_CB_BYTES 512
 #define SHM_RING_CTRL_BYTES 256
 #define SHM_DESC_WORDS 8
+#define SHM_P2P_EXPOSURES 32
 
 enum { SHM_RANK_ABSENT = 0, SHM_RANK_ATTACHED = 1, SHM_RANK_DEPARTED = 2 };
 
@@ -72,13 +73,19 @@ typedef struct {
                                 waiter whose peer shares its core hands the core over at once */
     uint64_t start_time;     /* 40: this process's start time (/proc/PID/stat field 22): peers check
                                 that `pid` is still the process that registered */
-    char pad0[80];
+    uint32_t lease_progress; /* 48: bumped each time this rank ends a lease (a chunk copied): a
+                                withdrawing peer waits for a holder that makes progress, and
+                                stops only one that made none for the whole timeout */
+    char pad0[76];
     uint64_t desc[2][SHM_DESC_WORDS]; /* 128: what collective this rank called, by step parity;
                                 the upper half of word 0 is the last step published with it
                                 (shm_tag_step): readers wait on it, not on `seq` */
     uint32_t bell;           /* 256: rung when a ring to or from this rank moves (futex word) */
     uint32_t bell_waiters;   /* 260 */
-    char pad1[248];
+    uint32_t exposures[SHM_P2P_EXPOSURES]; /* 264: point-to-point buffers of this rank that peers
+                                may copy into or out of (single copy): a message names slot i and
+                                its generation; the slot's next generation voids it (p2p.pxi) */
+    char pad1[248 - 4 * SHM_P2P_EXPOSURES];
 } shm_cb_t;
 
 /* Control of a single-producer single-consumer byte ring (one per ordered pair of ranks: point to
@@ -94,6 +101,7 @@ typedef struct {
 _Static_assert(sizeof(shm_header_t) <= SHM_HEADER_BYTES, "header too large");
 _Static_assert(sizeof(shm_heap_header_t) <= SHM_HEADER_BYTES, "heap header too large");
 _Static_assert(sizeof(shm_cb_t) == SHM_CB_BYTES, "control block size");
+_Static_assert(SHM_P2P_EXPOSURES == 32, "P2PEngine.free_slots is a 32-bit mask");
 _Static_assert(sizeof(shm_ring_t) == SHM_RING_CTRL_BYTES, "ring control size");
 
 #endif

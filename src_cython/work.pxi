@@ -195,7 +195,7 @@ cdef class Work(_Call):
         fut = Future()
         fut._driver = self  # its wait runs the queue here, as Work.wait does
         self.future = fut
-        self.pin = self  # alive until settled, even if the caller drops this Work (calls.pxi)
+        self.pin()  # alive until settled, even if the caller drops this Work (calls.pxi)
         if capi.shm_op_mark(&self.o.state, SHM_OP_FUTURE_WANTED) & SHM_OP_DONE:
             with nogil:  # completed before the want was seen: settle it here
                 _settle_future(&self.o)

@@ -195,3 +195,36 @@ def test_wait_any_in_a_loop_adds_one_callback_per_future():
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_wait_all_and_wait_any_over_works_and_futures(world):
     assert all(run_ranks(_waits_over_works, world))
+
+
+def _futures_of_dropped_works_under_gc(rank, size, rounds):
+    """Async all_reduces whose Work is dropped right after ``get_future().add_done_callback``
+    (what get_future allows), with the cyclic GC running in another thread: the Work kept itself
+    alive through a reference cycle (``pin = self``) that the GC could free while the engine
+    still held the op, and settling its Future then crashed the rank (SIGSEGV, issue 47)."""
+    import gc
+
+    stop = threading.Event()
+    collector = threading.Thread(target=lambda: [gc.collect() for _ in iter(stop.is_set, True)], daemon=True)
+    collector.start()
+    got = []
+    try:
+        for i in range(rounds):
+            x = np.full(4, float(rank + i), np.float32)
+            w = sc.all_reduce(x, async_op=True)
+            w.get_future().add_done_callback(lambda f, i=i: got.append(float(f.value()[0][0]) - 2 * i))
+            del w
+        sc.barrier()
+    finally:
+        stop.set()
+        collector.join()
+    assert len(got) == rounds and set(got) == {float(sum(range(size)))}, (len(got), set(got))
+    return True
+
+
+@pytest.mark.timeout(120)
+def test_a_future_outlives_its_dropped_work_under_gc():
+    import os
+    rounds = 800 if os.environ.get("SHMCOMM_ASAN") == "1" else 3000
+    for _ in range(2):
+        assert all(run_ranks(_futures_of_dropped_works_under_gc, 2, rounds, timeout=100))

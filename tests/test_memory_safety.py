@@ -331,3 +331,50 @@ def test_every_survivor_of_a_killed_rank_raises_within_two_seconds(tmp_path):
                 assert raised_at - died < 2.0, \
                     f"trial {trial} ({size} ranks, rank {victim} killed): rank {r} raised " \
                     f"{raised_at - died:.1f} s after: {error}"
+
+
+# ---- a peer stopped while it holds a lease (issue 47, findings 8 and 9) ------------------------
+def _stopped_mid_copy(rank, size, delay, stderr_file):
+    """Rank 1 stops itself (SIGSTOP, as a debugger or a swapped-out process would be) at a
+    random moment of a loop of large synchronous single-copy all_reduces. Rank 0 must raise the
+    operation's own error (the clean-up that kills a peer stuck in a copy used to lose it: a
+    TypeError), and a peer stopped inside a copy must be killed, with the reason on its stderr,
+    before rank 0 returns: rank 0's buffer, reused at once, is never written again."""
+    import threading
+
+    pids = [None] * size
+    sc.all_gather_object(pids, os.getpid())
+    x = np.ones(32 << 20, np.float32)  # 128 MiB: most of each call is a copy under a lease
+    if rank == 1:
+        fd = os.open(stderr_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(fd, 2)
+        threading.Timer(delay, os.kill, (os.getpid(), signal.SIGSTOP)).start()
+    try:
+        while True:
+            sc.all_reduce(x)
+    except BaseException as exc:  # noqa: BLE001 - the class is the test
+        error = f"{type(exc).__name__}: {exc}"
+    x[...] = -1  # the caller reuses its buffer
+    time.sleep(0.5)
+    written = int(np.count_nonzero(x != -1))
+    os.kill(pids[1], signal.SIGKILL)  # stopped outside a copy, it is still there
+    return error, written
+
+
+@pytest.mark.timeout(180)
+def test_a_peer_stopped_in_a_copy_is_killed_and_the_error_kept(tmp_path):
+    killed = 0
+    for trial, delay in enumerate((0.3, 0.45, 0.6, 0.75, 0.9, 0.4, 0.55, 0.7)):
+        stderr_file = tmp_path / f"rank1-{trial}.err"
+        results = run_ranks(_stopped_mid_copy, 2, delay, str(stderr_file), env={"SHMCOMM_TIMEOUT": 1.0},
+                            expect_dead=(1,), timeout=60)
+        error, written = results[0]
+        assert error.startswith(("CommTimeoutError", "PeerFailureError")), error
+        assert written == 0, f"trial {trial}: {written} elements written after the error"
+        said = stderr_file.read_text()
+        if "killed rank 1" in said:  # stopped inside a copy: killed, and told so
+            killed += 1
+            assert "made no progress" in said, said
+        if killed == 2:
+            break
+    assert killed, "rank 1 was never stopped inside a copy: the test did not test anything"

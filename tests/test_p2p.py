@@ -265,3 +265,120 @@ def _send_then_recv_both_ways(rank, size, nbytes, rounds):
 def test_blocking_send_then_recv_both_ways_never_deadlocks(nbytes, rounds):
     assert all(run_ranks(_send_then_recv_both_ways, 2, nbytes, rounds, env={"SHMCOMM_TIMEOUT": 10},
                          timeout=100))
+
+
+# ---- exposures: a failed send or receive is never touched afterwards (issue 47) ---------------
+def _late_push_after_a_receive_timed_out(rank, size):
+    """An 8 MiB single-copy message, whose second half the sender writes (PUSH) into the
+    receiver's buffer: rank 1's irecv times out while rank 0's progress thread cannot run (its
+    main thread holds the GIL in one C call). The sender's write used to land afterwards, in the
+    buffer the receiver had reused, and its send 'succeeded'."""
+    import ctypes
+
+    hold_gil = ctypes.PyDLL(None).usleep  # looked up first: the call below must hold the GIL at once
+    n = 2 << 20
+    small = np.zeros(4, np.float32)  # start each rank's progress thread: asleep from here on
+    (sc.isend(small, dst=1) if rank == 0 else sc.irecv(small, src=0)).wait()
+    sc.barrier()
+    if rank == 1:
+        buf = np.zeros(n, np.float32)
+        try:
+            sc.irecv(buf, src=0).wait()
+            outcome = "received"
+            assert (buf == 1).all()
+        except sc.CommTimeoutError:
+            outcome = "timed out"
+        buf[...] = -1  # the user reuses the buffer
+        time.sleep(1.5)  # the sender answers meanwhile
+        return outcome, int(np.count_nonzero(buf != -1))
+    time.sleep(0.85)
+    w = sc.isend(np.ones(n, np.float32), dst=1)
+    hold_gil(1_000_000)
+    try:
+        w.wait()
+        return "sent", 0
+    except sc.ShmcommError as exc:
+        return f"{type(exc).__name__}: {exc}", 0
+
+
+@pytest.mark.timeout(120)
+def test_a_timed_out_receive_is_never_written_afterwards():
+    timed_out = 0
+    for trial in range(6):  # the race is the test's: retried until the receive times out twice
+        (sent, _), (received, late_writes) = run_ranks(_late_push_after_a_receive_timed_out, 2,
+                                                       env={"SHMCOMM_TIMEOUT": 1.0}, timeout=40)
+        assert late_writes == 0, f"trial {trial}: {late_writes} elements written after the receive failed"
+        if received == "timed out":
+            timed_out += 1
+            # the sender learns that its message was not delivered
+            assert sent.startswith("ShmcommError") and "not delivered" in sent, sent
+            if timed_out == 2:
+                break
+        else:
+            assert sent == "sent"
+    assert timed_out, "the receive never timed out: the test did not test anything"
+
+
+def _sender_withdraws_after_its_send_fails(rank, size):
+    """Rank 0's single-copy isend times out (rank 1 posts no receive for it in time); rank 0
+    reuses its buffer. A receive posted later must fail, never read the reused buffer."""
+    n = 1 << 20
+    if rank == 0:
+        data = np.full(n, 7.0)
+        try:
+            sc.isend(data, dst=1, tag=5).wait()
+            return "sent"
+        except sc.CommTimeoutError as exc:
+            error = str(exc)
+        data[...] = -1  # reused
+        time.sleep(1.5)
+        return error
+    time.sleep(1.5)  # after rank 0's send timed out: it withdrew the buffer
+    got = np.zeros(n)
+    try:
+        sc.recv(got, src=0, tag=5)
+    except sc.ShmcommError as exc:
+        return str(exc), int(np.count_nonzero(got == -1))
+    return "received", int(np.count_nonzero(got == -1))
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_send_withdraws_its_buffer():
+    sent, (received, reused_read) = run_ranks(_sender_withdraws_after_its_send_fails, 2,
+                                              env={"SHMCOMM_TIMEOUT": 1.0}, timeout=40)
+    assert reused_read == 0, f"the receive read {reused_read} elements of the reused buffer"
+    assert "withdrew" in received, received  # refused: the sender's send failed
+    assert "rendezvous" in sent, sent  # the send's error says why a large send waits for its receive
+
+
+def _unexpected_messages_are_bounded(rank, size, count, each, bound):
+    """Rank 0 sends ``count`` large messages rank 1 has not asked for while rank 1 is blocked in
+    a receive of another tag: rank 1 takes at most ``bound`` bytes of them into buffers (they
+    used to be taken without limit: 40 x 64 MiB grew it by 2.5 GiB); the rest wait for their
+    receives, and every message arrives intact."""
+    import psutil
+
+    n = each // 8
+    if rank == 0:
+        works = [sc.isend(np.full(n, float(i)), dst=1, tag=100 + i) for i in range(count)]
+        time.sleep(1.0)  # rank 1 sits in its receive meanwhile
+        sc.send(np.zeros(1), dst=1, tag=1)
+        for w in works:
+            w.wait()
+        return True
+    before = psutil.Process().memory_info().rss
+    sc.recv(np.zeros(1), src=0, tag=1)  # blocked while the large ones arrive
+    grew = psutil.Process().memory_info().rss - before
+    for i in range(count):
+        got = np.empty(n)
+        sc.recv(got, src=0, tag=100 + i)
+        assert (got == i).all(), i
+    return grew
+
+
+@pytest.mark.timeout(120)
+def test_unexpected_single_copy_messages_are_bounded():
+    count, each, bound = 8, 16 << 20, 40 << 20  # 128 MiB sent; at most two messages held
+    _, grew = run_ranks(_unexpected_messages_are_bounded, 2, count, each, bound,
+                        env={"SHMCOMM_UNEXPECTED_BYTES": bound, "SHMCOMM_TIMEOUT": 30}, timeout=100)
+    assert grew <= bound + (8 << 20), f"the receiver grew by {grew >> 20} MiB (bound {bound >> 20} MiB)"

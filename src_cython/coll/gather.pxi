@@ -120,6 +120,18 @@ cdef int _run_gather(Communicator c, op_t *o) except -1 nogil:
     return 0
 
 
+cdef int _copy_leased(Communicator c, int q, char *dst, const char *src, size_t nbytes) except -1 nogil:
+    """Copy into rank q's memory chunk by chunk, each under a lease (leases.pxi: LEASE_CHUNK)."""
+    cdef size_t done = 0, m
+    while done < nbytes:
+        m = min(nbytes - done, LEASE_CHUNK)
+        _lease(c, q)
+        c._out(dst + done, src + done, m, nbytes)
+        c._unlease()
+        done += m
+    return 0
+
+
 cdef int _all_gather_zero_copy(Communicator c, op_t *o) except -1 nogil:
     """Every rank's output is visible here: this rank writes its input into its piece of each
     (its own last, and not at all when the input already is that piece, as in FSDP2)."""
@@ -131,9 +143,7 @@ cdef int _all_gather_zero_copy(Communicator c, op_t *o) except -1 nogil:
         q = (c.rank + i) % n
         dst = first + q * o.heap_stride + c.rank * nbytes
         if dst != o.ptr:
-            _lease(c, q)
-            c._out(dst, o.ptr, nbytes, nbytes)
-            c._unlease()
+            _copy_leased(c, q, dst, o.ptr, nbytes)
     c.zero_copy_calls += 1
     _step(c)  # every piece written before anyone returns
     return 0

@@ -82,11 +82,15 @@ cdef int _reduce_scatter_zero_copy(Communicator c, op_t *o) except -1 nogil:
     order, straight into its output (in place too: only this rank touches this piece)."""
     cdef int q
     cdef char *first = o.ins[0] - c.rank * o.heap_stride  # rank 0's input
-    for q in range(c.size):
-        c.srcs[q] = first + q * o.heap_stride + c.rank * o.nbytes
-    _lease(c, -1)
-    shm_reduce(o.ptr, c.srcs, c.factors, c.size, o.count, o.dtype, o.op)
-    c._unlease()
+    cdef size_t b = 0, m, block = LEASE_CHUNK // o.itemsize
+    while b < o.count:  # chunk by chunk, each under a lease (leases.pxi: LEASE_CHUNK)
+        m = min(block, o.count - b)
+        for q in range(c.size):
+            c.srcs[q] = first + q * o.heap_stride + c.rank * o.nbytes + b * o.itemsize
+        _lease(c, -1)
+        shm_reduce(o.ptr + b * o.itemsize, c.srcs, c.factors, c.size, m, o.dtype, o.op)
+        c._unlease()
+        b += m
     c.zero_copy_calls += 1
     _step(c)  # inputs untouched until every rank has read its piece
     return 0
