@@ -6,12 +6,15 @@
 # requests and one for replies, so the threads that wait for each never wake each other). The
 # Communicator provides the rendezvous, the cleanup of the name and the liveness of peers.
 #
-# A frame is a 32-byte header (magic | kind, buffer count, request id, pickle length, flags),
-# one 8-byte length per out-of-band buffer, the pickle stream, then each buffer. Any thread may
-# send: one lock per destination keeps frames whole. One thread at a time receives (shmcomm.rpc
-# guarantees it; a second one raises): it reads the pickle stream into a bytes object and each
-# buffer straight into a new numpy array, so a large array is copied into shared memory once by
-# the sender and out once by the receiver, whatever the ring size.
+# Frames (their layout in rpc_frame.pxi). Any thread may send: one lock per destination keeps
+# frames whole. One thread at a time receives (shmcomm.rpc guarantees it; a second one raises): it
+# reads each sender's ring into that sender's _FrameReader, as far as the ring holds bytes, and
+# never waits for one sender: a sender stopped in the middle of a frame holds only its own frame.
+# A large array is copied into shared memory once by the sender and out once by the receiver,
+# whatever the ring size.
+#
+# A sender's ring is broken (never read again) when its frame cannot be read (a corrupt header, no
+# memory for it), or when the sender died in the middle of a frame: what was read is dropped.
 #
 # Waking. A sender publishes `head` and rings the receiver's doorbell every 16 KiB (so the receiver
 # copies out close behind the sender, while the data is still in a cache near it: several times
@@ -29,10 +32,6 @@ from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 cdef enum:
     RPC_BELLS_BYTES = 4096
     RPC_MAX_LANES = 32
-    RPC_HEADER_BYTES = 32
-    RPC_MAGIC = 0x52504300        # "RPC\0" in the top three bytes; the low byte is the kind
-    RPC_MAX_BUFFERS = 4096
-    RPC_GIL_FREE_COPY = 65536     # copies at least this large release the GIL
     RPC_PUBLISH_BYTES = 16384     # a long frame is published (and the receiver woken) this often
     RPC_OK = 0
     RPC_GONE = -1                 # the peer died or left
@@ -84,7 +83,10 @@ cdef class RpcChannel:
     cdef list locks
     cdef list gone                 # peers known dead or departed (sending to them fails)
     cdef list broken               # rings never read again (a frame was cut off or corrupt)
+    cdef list readers              # per sender: its _FrameReader (the frame it is in the middle of)
     cdef bint receiving
+    cdef bint kicked
+    cdef uint64_t next_check       # when recv next looks for senders that died mid-frame
     cdef int next_src
     cdef public uint64_t spin_ns
     cdef public int yields
@@ -101,7 +103,9 @@ cdef class RpcChannel:
         self.locks = [threading.Lock() for _ in range(comm.size)]
         self.gone = [False] * comm.size
         self.broken = [False] * comm.size
-        self.receiving = False
+        self.readers = [_FrameReader() for _ in range(comm.size)]
+        self.receiving = self.kicked = False
+        self.next_check = 0
         self.next_src = 0
         self.spin_ns = comm.spin_ns
         self.yields = comm.yields
@@ -135,6 +139,7 @@ cdef class RpcChannel:
     def kick(self):
         """Wake this rank's receiver if it sleeps (it returns early with what it has, maybe nothing)."""
         if not self.comm.closed:
+            self.kicked = True
             capi.shm_ring_bell(self.bell(self.rank), self.bell_waiters(self.rank))
 
     cdef object _gone_error(self, int r, str what):
@@ -289,7 +294,8 @@ cdef class RpcChannel:
         """Wait up to ``wait_s`` seconds (< 0: forever) for frames from any live rank and return
         every complete frame available then (at most ``max_frames``), as a list of
         ``(src, kind, req_id, flags, data, buffers)``; an empty list when none came or ``kick``
-        was called. Raises PeerFailureError if a sender died in the middle of a frame."""
+        was called. A frame whose sender has not written all of it yet is kept for a later call:
+        it never delays the others. Raises ShmcommError on a corrupt frame."""
         cdef uint32_t *my_bell = self.bell(self.rank)
         cdef uint32_t *my_waiters = self.bell_waiters(self.rank)
         cdef uint32_t bell
@@ -309,14 +315,20 @@ cdef class RpcChannel:
                 for i in range(n):
                     src = (self.next_src + i) % n
                     while len(frames) < max_frames and self._available(src):
-                        try:
-                            frames.append(self._read_frame(src))
-                        except PeerFailureError:
-                            break   # died mid-frame: marked gone, its ring is never read again
+                        frame = self._feed(src)
+                        if frame is None:
+                            break   # the rest of its frame is not written yet: the next sender
+                        frames.append(frame)
                 if frames:
                     self.next_src = (self.next_src + 1) % n
                     return frames
+                if self.kicked:
+                    self.kicked = False
+                    return frames
                 now = capi.shm_now_ns()
+                if now >= self.next_check:
+                    self.next_check = now + RPC_SLICE_NS
+                    self._drop_dead_frames()
                 if end and now >= end:
                     return frames
                 slice_ns = min(RPC_SLICE_NS, end - now) if end else RPC_SLICE_NS
@@ -324,8 +336,6 @@ cdef class RpcChannel:
                     if capi.shm_wait_geq(my_bell, bell + 1, my_waiters, self.spin_ns,
                                          self.yields, slice_ns):
                         pass
-                if capi.shm_load_acquire(my_bell) != bell and not self._any_available():
-                    return frames   # kicked
                 PyErr_CheckSignals()
         finally:
             self.receiving = False
@@ -337,83 +347,30 @@ cdef class RpcChannel:
         ring = self.ring(src, self.rank)
         return capi.shm_ring_avail(ring, ring.tail) != 0
 
-    cdef bint _any_available(self) noexcept:
+    cdef object _feed(self, int src):
+        """Read ring src->me into src's _FrameReader: its frame once whole, else None."""
+        cdef _FrameReader reader = self.readers[src]
+        try:
+            return reader.feed(self.ring(src, self.rank), self.ring_bytes, src)
+        except BaseException:
+            self._break(src)   # the rest of the frame cannot be found in the stream
+            raise
+
+    cdef void _break(self, int src):
+        """Never read src's ring again; drop its frame in progress."""
+        self.broken[src] = True
+        (<_FrameReader>self.readers[src]).reset()
+
+    cdef void _drop_dead_frames(self):
+        """A sender that died in the middle of a frame will never finish it: drop what was read
+        (the calls waiting for it fail through the peer's liveness, see shmcomm.rpc.replies)."""
+        cdef capi.shm_ring_t *ring
         cdef int r
         for r in range(self.size):
-            if self._available(r):
-                return True
-        return False
-
-    cdef object _read_frame(self, int src):
-        cdef unsigned char hdr[RPC_HEADER_BYTES]
-        cdef uint32_t magic_kind, nbuf, i
-        cdef uint64_t req_id, dlen, flags
-        cdef uint64_t *sizes = NULL
-        cdef cnp.ndarray arr
-        self._take(src, <char *>hdr, RPC_HEADER_BYTES)
-        magic_kind = (<uint32_t *>hdr)[0]
-        if magic_kind & 0xFFFFFF00u != RPC_MAGIC:
-            self.broken[src] = True
-            raise ShmcommError(f"corrupt RPC frame from rank {src}")
-        nbuf = (<uint32_t *>hdr)[1]
-        req_id = (<uint64_t *>hdr)[1]
-        dlen = (<uint64_t *>hdr)[2]
-        flags = (<uint64_t *>hdr)[3]
-        if nbuf > RPC_MAX_BUFFERS:
-            self.broken[src] = True
-            raise ShmcommError(f"corrupt RPC frame from rank {src}")
-        buffers = []
-        try:
-            if nbuf:
-                sizes = <uint64_t *>malloc(nbuf * sizeof(uint64_t))
-                if sizes == NULL:
-                    raise MemoryError()
-                self._take(src, <char *>sizes, nbuf * sizeof(uint64_t))
-            data = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>dlen)
-            self._take(src, PyBytes_AS_STRING(data), dlen)
-            for i in range(nbuf):
-                arr = np.empty(<Py_ssize_t>sizes[i], np.uint8)
-                self._take(src, <char *>cnp.PyArray_DATA(arr), sizes[i])
-                buffers.append(arr)
-        finally:
-            free(sizes)
-        return (src, <int>(magic_kind & 0xFF), req_id, flags, data, buffers)
-
-    cdef int _take(self, int src, char *dst, size_t want) except -1:
-        """Copy exactly `want` bytes of ring src->me into dst, waiting for the sender as needed."""
-        cdef capi.shm_ring_t *ring = self.ring(src, self.rank)
-        cdef uint64_t tail = ring.tail
-        cdef int rc
-        if want == 0:
-            return 0
-        if want < RPC_GIL_FREE_COPY and capi.shm_ring_avail(ring, tail) >= want:
-            capi.shm_ring_read(ring, self.ring_bytes, tail, dst, want)
-            return 0
-        with nogil:
-            rc = self._take_slow(src, dst, want)
-        if rc == RPC_GONE:
-            self.broken[src] = True
-            raise self._gone_error(src, "receive from")
-        return 0
-
-    cdef int _take_slow(self, int src, char *dst, size_t want) noexcept nogil:
-        cdef capi.shm_ring_t *ring = self.ring(src, self.rank)
-        cdef uint32_t *my_bell = self.bell(self.rank)
-        cdef uint32_t *my_waiters = self.bell_waiters(self.rank)
-        cdef uint64_t avail
-        cdef uint32_t bell
-        cdef size_t n
-        while want:
-            bell = capi.shm_load_acquire(my_bell)
-            avail = capi.shm_ring_avail(ring, ring.tail)
-            if avail == 0:
-                if not capi.shm_wait_geq(my_bell, bell + 1, my_waiters, self.spin_ns,
-                                         self.yields, RPC_SLICE_NS):
-                    if _peer_gone(self.comm, src) and capi.shm_ring_avail(ring, ring.tail) == 0:
-                        return RPC_GONE
+            if self.broken[r] or not (<_FrameReader>self.readers[r]).started():
                 continue
-            n = <size_t>min(<uint64_t>want, avail)
-            capi.shm_ring_read(ring, self.ring_bytes, ring.tail, dst, n)
-            dst += n
-            want -= n
-        return RPC_OK
+            ring = self.ring(r, self.rank)
+            # gone first, then empty: bytes written just before it died are still read
+            if _peer_gone(self.comm, r) and capi.shm_ring_avail(ring, ring.tail) == 0:
+                self.gone[r] = True
+                self._break(r)

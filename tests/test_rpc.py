@@ -774,3 +774,107 @@ def _callee_stops_reading(rank, size):
 @pytest.mark.timeout(90)
 def test_rpc_async_returns_at_once_when_the_callee_stops_reading():
     assert all(_run(_callee_stops_reading, 2))
+
+
+# ---- a sender stopped in the middle of a frame holds nobody ---------------------------------------
+_pending: list = []      # Futures a worker started on another worker's behalf
+_gate = threading.Event()
+BIG = 8 << 20            # float64 elements: a 64 MiB frame, many times the ring
+
+
+def start_call(to, func, *args):
+    """Start ``func(*args)`` on ``to`` from this worker; ``pending_result`` waits for it."""
+    _pending.append(rpc.rpc_async(to, func, args=args, timeout=0))
+    return True
+
+
+def pending_result():
+    """The value of the call ``start_call`` started, or its error's type name."""
+    try:
+        return _pending.pop().wait()
+    except sc.ShmcommError as exc:
+        return type(exc).__name__
+
+
+def gated_big():
+    _gate.wait(30)
+    return np.ones(BIG)
+
+
+def open_gate():
+    _gate.set()
+
+
+def timed_calls(to, count):
+    """``count`` rpc_sync calls to ``to`` (5 s timeout each): the error type names and seconds."""
+    start, outcomes = time.monotonic(), []
+    for _ in range(count):
+        try:
+            outcomes.append(rpc.rpc_sync(to, whoami, timeout=5))
+        except sc.ShmcommError as exc:
+            outcomes.append(type(exc).__name__)
+    return outcomes, time.monotonic() - start
+
+
+def _request_sender_stops(rank, size):
+    """Worker 2 stops after writing the first ring's worth of a 64 MiB request to worker 0
+    (worker 0 is stopped meanwhile, so that the ring fills and no more goes in). Worker 0's
+    listener used to wait for the rest of that frame with no deadline: worker 1's calls to it
+    all timed out. Then worker 2 resumes and its request completes."""
+    if rank != 1:
+        return True
+    pid0, pid2 = rpc.rpc_sync("worker0", os.getpid), rpc.rpc_sync("worker2", os.getpid)
+    os.kill(pid0, signal.SIGSTOP)
+    try:
+        rpc.rpc_sync("worker2", start_call, args=("worker0", array_info, np.ones(BIG)))
+        time.sleep(0.3)   # worker 2's sender fills the ring to the stopped worker 0
+        os.kill(pid2, signal.SIGSTOP)
+        os.kill(pid0, signal.SIGCONT)
+        outcomes, seconds = timed_calls("worker0", 4)
+    finally:
+        os.kill(pid0, signal.SIGCONT)
+        os.kill(pid2, signal.SIGCONT)
+    assert outcomes == ["worker0"] * 4 and seconds < 5, (outcomes, seconds)
+    # the frame resumes where it stopped: the ring to worker 0 is still in step
+    info = rpc.rpc_sync("worker2", pending_result)
+    assert info == ("ndarray", "float64", (BIG,), float(BIG), True), info
+    assert rpc.rpc_sync("worker0", whoami) == "worker0"
+    return True
+
+
+@pytest.mark.timeout(120)
+def test_a_sender_stopped_mid_request_does_not_hold_the_callee():
+    assert all(_run(_request_sender_stops, timeout=110))
+
+
+def _reply_sender_stops(rank, size):
+    """The same for a reply: worker 1 waits for a 64 MiB reply from worker 2, which stops in
+    the middle of it; worker 1's calls to worker 0 must still get their replies. Then worker 2
+    is killed: worker 1's call to it fails with PeerFailureError, and nothing hangs."""
+    if rank == 2:
+        time.sleep(60)   # killed long before this ends
+    if rank != 0:
+        return True
+    pid1, pid2 = rpc.rpc_sync("worker1", os.getpid), rpc.rpc_sync("worker2", os.getpid)
+    rpc.rpc_sync("worker1", start_call, args=("worker2", gated_big))
+    os.kill(pid1, signal.SIGSTOP)
+    try:
+        rpc.rpc_sync("worker2", open_gate)
+        time.sleep(0.3)   # worker 2 fills the reply ring to the stopped worker 1
+        os.kill(pid2, signal.SIGSTOP)
+        os.kill(pid1, signal.SIGCONT)
+        outcomes, seconds = rpc.rpc_sync("worker1", timed_calls, args=("worker0", 4), timeout=60)
+    finally:
+        os.kill(pid1, signal.SIGCONT)
+        os.kill(pid2, signal.SIGKILL)
+    assert outcomes == ["worker0"] * 4 and seconds < 5, (outcomes, seconds)
+    start = time.monotonic()
+    assert rpc.rpc_sync("worker1", pending_result) == "PeerFailureError"
+    assert time.monotonic() - start < 5
+    assert rpc.rpc_sync("worker1", whoami) == "worker1"
+    return True
+
+
+@pytest.mark.timeout(120)
+def test_a_sender_stopped_mid_reply_does_not_hold_other_replies():
+    assert _run(_reply_sender_stops, timeout=110, expect_dead=(2,))[0]
