@@ -177,6 +177,22 @@ def test_a_size_that_wrapped_the_layout_fails_on_every_rank_at_start_up(var):
                      env={var: str(2**62)}) == [True, True]
 
 
+@pytest.mark.timeout(30)
+def test_a_layout_larger_than_dev_shm_is_refused_naming_the_settings_and_the_world_size(monkeypatch):
+    """Each setting within its ceiling can still make a segment no machine holds: a ring per
+    ordered pair of ranks grows with their square (1 GiB rings at 2**17 ranks wrapped 2**64).
+    Every rank checks the layout before it creates or attaches anything."""
+    monkeypatch.setenv("SHMCOMM_RING_BYTES", str(1 << 30))
+    ranks = 1 << 17
+    with pytest.raises(ValueError) as info:
+        _core.Communicator(f"layout-{os.getpid()}", "g0", 1, ranks, 5.0)  # not rank 0: attaches
+    message = str(info.value)
+    assert f"a group of {ranks} ranks needs" in message and "of /dev/shm" in message, message
+    assert f"SHMCOMM_RING_BYTES={1 << 30}" in message and "SHMCOMM_SLOT_BYTES=" in message, message
+    with pytest.raises(ValueError, match=f"a group of {ranks} ranks needs"):
+        _core.Communicator(f"layout-{os.getpid()}", "g0", 0, ranks, 5.0)  # rank 0: creates
+
+
 # ---- SHMCOMM_TIMEOUT and timeout arguments --------------------------------------------------------
 @pytest.fixture
 def no_group_left():
