@@ -78,7 +78,7 @@ cdef void _withdraw(Communicator self) noexcept nogil:
     a peer still holding a lease after the group's timeout is stopped (SIGSTOP, a debugger)
     and is killed, so that it cannot write into memory the caller reuses."""
     cdef capi.shm_cb_t *me = self.cb(self.rank)
-    cdef uint64_t give_up = capi.shm_now_ns() + <uint64_t>(self.timeout * 1e9)
+    cdef uint64_t give_up = capi.shm_deadline_after(self.timeout)
     cdef int q
     capi.shm_store_seq_cst(&me.withdrawn, 1)
     for q in range(self.size):

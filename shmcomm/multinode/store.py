@@ -19,7 +19,23 @@ import os
 import uuid
 from typing import Callable, Protocol
 
-__all__ = ["Meeting", "StoreMeeting", "share_job", "from_environment"]
+__all__ = ["Meeting", "StoreMeeting", "share_job", "from_environment", "torch_timeout"]
+
+# torch adds a timeout to its clock in int64 nanoseconds (292 years): a longer one (inf, or
+# timedelta.max, shmcomm's and torch's "never") would wrap, and timedelta itself refuses inf.
+# 2**31 s (68 years) never ends either.
+_TORCH_TIMEOUT_MAX_S = float(1 << 31)
+
+
+def torch_timeout(seconds: float) -> datetime.timedelta:
+    """``seconds`` as the timedelta torch's stores and process groups take, capped where torch's
+    clock arithmetic would wrap.
+
+    Example::
+
+        torch_timeout(float("inf"))   # datetime.timedelta(days=24855, seconds=11648)
+    """
+    return datetime.timedelta(seconds=min(seconds, _TORCH_TIMEOUT_MAX_S))
 
 
 class Meeting(Protocol):
@@ -113,5 +129,5 @@ def from_environment(rank: int, size: int, job: str, timeout: float) -> StoreMee
             raise ValueError(f"{var} is not set: ranks on several nodes meet through it "
                              "(torchrun and shmrun --nnodes set it)")
     store, _, _ = next(dist.rendezvous("env://", rank, size,
-                                       timeout=datetime.timedelta(seconds=timeout)))
+                                       timeout=torch_timeout(timeout)))
     return StoreMeeting(dist.PrefixStore(f"shmcomm/{job}", store), "np", rank, size)
