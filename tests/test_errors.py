@@ -418,3 +418,23 @@ def test_torch_backend_takes_timedelta_max_as_no_timeout(tmp_path):
             dist.destroy_process_group()
 
     assert run_ranks(body, 2, init=False, timeout=100) == [[2.0] * 3] * 2
+
+
+@pytest.mark.timeout(120)
+def test_no_timeout_across_simulated_nodes():
+    """Between nodes the timeout reaches torch's store and gloo as a timedelta: inf raised
+    OverflowError there, and a span past 24.8 days wraps torch's poll (it spun warning "likely a
+    timeout")."""
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+
+    code = ("import time, numpy as np, shmcomm as sc; sc.init_process_group(); "
+            "time.sleep(0.3 * sc.get_rank()); x = np.ones(2); sc.all_reduce(x); sc.barrier(); "
+            "print('sum', x[0]); sc.destroy_process_group()")
+    env = {**os.environ, "SHMCOMM_SIMULATE_NODES": "2", "SHMCOMM_TIMEOUT": "inf"}
+    done = subprocess.run([sys.executable, "-m", "shmcomm.launch", "-n", "2", sys.executable, "-c", code],
+                          env=env, capture_output=True, text=True, timeout=110)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("sum 2.0") == 2, done.stdout
+    assert "likely a timeout" not in done.stderr, done.stderr[-3000:]

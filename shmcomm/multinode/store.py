@@ -21,10 +21,10 @@ from typing import Callable, Protocol
 
 __all__ = ["Meeting", "StoreMeeting", "share_job", "from_environment", "torch_timeout"]
 
-# torch adds a timeout to its clock in int64 nanoseconds (292 years): a longer one (inf, or
-# timedelta.max, shmcomm's and torch's "never") would wrap, and timedelta itself refuses inf.
-# 2**31 s (68 years) never ends either.
-_TORCH_TIMEOUT_MAX_S = float(1 << 31)
+# torch polls its store's sockets with the timeout in int milliseconds: past 2**31 - 1 ms (24.8
+# days; inf, or timedelta.max, shmcomm's and torch's "never") it wraps, and the store spins warning
+# "poll ... returned 0, likely a timeout". timedelta itself refuses inf. So longer is 24.8 days.
+_TORCH_TIMEOUT_MAX_S = ((1 << 31) - 1) / 1000
 
 
 def torch_timeout(seconds: float) -> datetime.timedelta:
@@ -33,7 +33,7 @@ def torch_timeout(seconds: float) -> datetime.timedelta:
 
     Example::
 
-        torch_timeout(float("inf"))   # datetime.timedelta(days=24855, seconds=11648)
+        torch_timeout(float("inf"))   # datetime.timedelta(days=24, seconds=73883, microseconds=647000)
     """
     return datetime.timedelta(seconds=min(seconds, _TORCH_TIMEOUT_MAX_S))
 
