@@ -1,10 +1,10 @@
 """Every ``SHMCOMM_*`` environment variable shmcomm reads, in one table.
 
 Each row names the variable, what it belongs to (its *scope*), its default, the smallest and
-largest values it accepts where it is a number, and one line of why. The compiled core reads its group tuning
-through this table (``shmcomm._core.group_settings``), ``shmcomm info`` prints it whole (``--json``
-too), and a test checks that no ``SHMCOMM_*`` variable is read anywhere in the code without a row
-here.
+largest values it accepts where it is a number, and one line of why. The compiled core reads its
+group tuning through this table (``shmcomm._core.group_settings``), ``shmcomm info`` prints it
+whole (``--json`` too), and a test checks that no ``SHMCOMM_*`` variable is read anywhere in the
+code without a row here.
 
 Scopes:
     group      tuning of each process group, read when a group is created (``group_settings``)
@@ -86,7 +86,8 @@ def _one_shot_bytes(size: int, fits: bool) -> int:
 # arithmetic built on it towards wrapping (SHMCOMM_SLOT_BYTES=2**62 once wrapped the segment's
 # size to one without slots: zeros on one rank, SIGSEGV on the other).
 # A slot or ring of shared memory: 1 GiB is already GiBs of /dev/shm per rank (two slots each, a
-# ring per ordered pair of ranks) and no faster than megabytes.
+# ring per ordered pair of ranks), far past the MiBs pipelining needs. One-shot reductions too:
+# their data goes through a slot.
 _REGION_MAX = 1 << 30
 # A size that arrays are compared with: 1 PiB is more than any machine's memory, so it already
 # means "never" (and sums of sizes stay far below 2**64).
