@@ -248,8 +248,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
     for row in table:
         mark = "*" if row["value"] is not None else " "
         value = f"{row['value']} (default {row['default']})" if mark == "*" else str(row["default"])
-        floor = f"; at least {row['floor']}" if row["floor"] is not None else ""
-        print(f"{mark} {str(row['var']):<{width}}  {row['scope']:<9} {value}{floor}: {row['why']}")
+        bounds = "".join(f"; {word} {row[key]}" for word, key in (("at least", "floor"),
+                                                                    ("at most", "ceiling"))
+                         if row[key] is not None)
+        print(f"{mark} {str(row['var']):<{width}}  {row['scope']:<9} {value}{bounds}: {row['why']}")
     return 0
 
 

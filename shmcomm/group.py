@@ -14,6 +14,7 @@ start-up here (``register_multinode``): this module imports nothing of it.
 from __future__ import annotations
 
 import atexit
+import numbers
 import os
 import threading
 import weakref
@@ -24,6 +25,7 @@ import numpy as np
 import shmcomm._core as _core
 from shmcomm.errors import AbortedError
 from shmcomm.ops import ReduceOp, op_code
+from shmcomm.settings import find, read_seconds
 
 from shmcomm.work import Work
 
@@ -488,8 +490,24 @@ def job_arguments(rank: int | None, world_size: int | None, name: str | None,
     if not isinstance(job, str) or not job:
         raise ValueError(f"{name_arg} must be a non-empty string, got {job!r}")
     if timeout is None:
-        timeout = float(os.environ.get("SHMCOMM_TIMEOUT", DEFAULT_TIMEOUT))
-    return rank, world_size, job, float(timeout)
+        return rank, world_size, job, read_seconds(find("SHMCOMM_TIMEOUT"), DEFAULT_TIMEOUT)
+    return rank, world_size, job, timeout_arg(timeout)
+
+
+def timeout_arg(timeout: float) -> float:
+    """A group's ``timeout`` argument in seconds: a number > 0; ``inf`` (or any span past the
+    deadlines' range, as torch's ``timedelta.max``) waits without limit. TypeError or ValueError
+    naming the argument otherwise.
+
+    Example::
+
+        timeout_arg(float("inf"))   # inf: collectives never time out
+    """
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(f"timeout must be a number of seconds or None, got {type(timeout).__name__}")
+    if not timeout > 0:  # nan too
+        raise ValueError(f"timeout must be > 0 seconds (inf: no timeout), got {timeout!r}")
+    return float(timeout)
 
 
 # Groups across nodes: shmcomm.multinode registers its start-up here when it is imported (as
@@ -531,7 +549,8 @@ def init_process_group(rank: int | None = None, world_size: int | None = None, n
         name (str | None): the job name, the same on every rank and unique among the jobs
             running on this machine; None (the default): from the environment.
         timeout (float | None): seconds a collective of this group, and this call, may wait for
-            the other ranks; None (the default): ``SHMCOMM_TIMEOUT``, else 300.
+            the other ranks; ``inf`` (or torch's ``timedelta.max`` in seconds): no limit; None
+            (the default): ``SHMCOMM_TIMEOUT``, else 300.
 
     Returns:
         ProcessGroup: the default group, also used by every call made with ``group=None``.
@@ -539,8 +558,9 @@ def init_process_group(rank: int | None = None, world_size: int | None = None, n
     Raises:
         ValueError: it was already called (without ``destroy_process_group``); a variable
             needed is not set or not an integer (the message names it); ``rank`` is outside
-            ``[0, world_size)``, ``world_size`` < 1, ``timeout`` <= 0, or ``name`` empty.
-        TypeError: ``rank`` or ``world_size`` is not an int.
+            ``[0, world_size)``, ``world_size`` < 1, ``timeout`` <= 0 or nan (or
+            ``SHMCOMM_TIMEOUT`` not such a number), or ``name`` empty.
+        TypeError: ``rank`` or ``world_size`` is not an int, or ``timeout`` not a number.
         CommTimeoutError: not every rank joined within ``timeout``.
         PeerFailureError: rank 0 died during the start-up.
         ShmcommError: the ranks disagree on the world size, a rank is taken by a live process,

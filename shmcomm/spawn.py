@@ -52,14 +52,16 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: tuple = (), timeout: float 
         nprocs (int): how many ranks, at least 1.
         args (tuple): more arguments for ``fn`` (picklable by cloudpickle); default ``()``.
         timeout (float | None): the group's timeout: seconds before a blocked collective raises
-            ``CommTimeoutError``; None (the default): ``SHMCOMM_TIMEOUT``, else 300.
+            ``CommTimeoutError``; ``inf``: no limit; None (the default): ``SHMCOMM_TIMEOUT``,
+            else 300.
 
     Returns:
         list: ``[fn's return value on rank 0, on rank 1, ...]``.
 
     Raises:
         TypeError: ``fn`` is not callable, ``args`` is not a tuple, or they cannot be pickled.
-        ValueError: ``nprocs`` is not an int >= 1.
+        ValueError: ``nprocs`` is not an int >= 1 or more than can start here (at most 4096,
+            and what ``ulimit -u`` and ``-n`` allow), or ``timeout`` is <= 0 or nan.
         Exception: the exception a failing rank raised, as its own class (one defined in
             ``__main__`` or in a function included), chained from a ``RemoteTraceback`` holding
             the rank's traceback. The rank is the first that failed for a reason of its own,
@@ -79,7 +81,9 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: tuple = (), timeout: float 
     """
     import cloudpickle
 
+    from shmcomm.group import timeout_arg
     from shmcomm.launcher.config import LaunchConfig
+    from shmcomm.launcher.limits import too_many_ranks
     from shmcomm.launcher.outcome import signal_name
     from shmcomm.launcher.run import run_job
 
@@ -87,8 +91,13 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: tuple = (), timeout: float 
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
         raise ValueError(f"nprocs must be an integer >= 1, got {nprocs!r}")
+    too_many = too_many_ranks(nprocs)
+    if too_many:
+        raise ValueError(f"nprocs={nprocs} is too many: {too_many}")
     if not isinstance(args, tuple):
         raise TypeError(f"args must be a tuple, got {type(args).__name__}")
+    if timeout is not None:
+        timeout_arg(timeout)  # refused here, before any rank starts
     if threading.current_thread() is not threading.main_thread():
         raise ShmcommError("sc.spawn must run in the main thread: it forwards Ctrl-C and SIGTERM "
                            "to the ranks through signal handlers")

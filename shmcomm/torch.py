@@ -120,10 +120,14 @@ except Exception:  # noqa: BLE001 - an optimisation only: _reduction falls back 
 
 def _seconds(timeout) -> float | None:
     """Seconds of a torch timeout (timedelta or number); None for 'no timeout' (0 or negative).
-    torch's C++ passes timedelta(0) on every wait_tensor: falsy, like None, so it returns at once."""
+    torch's C++ passes timedelta(0) on every wait_tensor: falsy, like None, so it returns at once.
+    inf for a span torch's int64 microseconds wrapped to days below zero: timedelta.max, "never",
+    reaches a backend as -67519912 days (its own unset value is -1 ms)."""
     if not timeout:
         return None
     if isinstance(timeout, datetime.timedelta):
+        if timeout < -datetime.timedelta(days=1):
+            return math.inf
         timeout = timeout.total_seconds()
     timeout = float(timeout)
     return timeout if timeout > 0 else None

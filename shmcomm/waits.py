@@ -11,6 +11,7 @@ Waiting sleeps on the handles' completion, never spins::
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import weakref
@@ -127,14 +128,15 @@ def wait_any(futures: Iterable[Future[Any] | Work], timeout: float | None = None
 
     Args:
         futures (Iterable[Future | Work]): the handles to wait for, at least one.
-        timeout (float | None): seconds to wait at most; None (the default): no limit.
+        timeout (float | None): seconds to wait at most; None (the default) or ``inf``: no
+            limit.
 
     Returns:
         int: the index of a done one (the lowest, when several are done).
 
     Raises:
         TypeError: an item is neither a ``Future`` nor a ``Work``.
-        ValueError: ``futures`` is empty.
+        ValueError: ``futures`` is empty, or ``timeout`` is negative or nan.
         CommTimeoutError: none was done within ``timeout``.
 
     Example::
@@ -147,12 +149,14 @@ def wait_any(futures: Iterable[Future[Any] | Work], timeout: float | None = None
     items = _futures(futures, "wait_any")
     if not items:
         raise ValueError("wait_any needs at least one Future or Work")
+    if timeout is not None and not timeout >= 0:  # nan too
+        raise ValueError(f"timeout must be a non-negative number of seconds or None, got {timeout!r}")
     done = next((i for i, f in enumerate(items) if f.done()), None)
     if done is not None:  # without watching anything: a loop over a shrinking list stays cheap
         return done
     for f in items:
         _watch(f)
-    deadline = None if timeout is None else time.monotonic() + float(timeout)
+    deadline = None if timeout is None or timeout == math.inf else time.monotonic() + float(timeout)
     with _completed:  # a completion notifies under this lock: none is missed between check and wait
         while True:
             done = next((i for i, f in enumerate(items) if f.done()), None)
@@ -162,4 +166,5 @@ def wait_any(futures: Iterable[Future[Any] | Work], timeout: float | None = None
             if left is not None and left <= 0:
                 raise CommTimeoutError(f"wait_any: none of {len(items)} operations finished within "
                                        f"{timeout} s")
-            _completed.wait(left)
+            # (a Condition refuses more than TIMEOUT_MAX, about 292 years: the loop waits again)
+            _completed.wait(None if left is None else min(left, threading.TIMEOUT_MAX))

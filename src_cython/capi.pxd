@@ -14,6 +14,8 @@ cdef extern from "shm_sync.h" nogil:
     void shm_store_release(uint32_t *p, uint32_t v)
     int shm_seq_geq(uint32_t a, uint32_t b)
     uint64_t shm_now_ns()
+    uint64_t shm_span_ns(double seconds)
+    uint64_t shm_deadline_after(double seconds)
     void shm_futex_wake_all(uint32_t *addr)
     int shm_move_off_cpu(int cpu)
     void shm_publish(uint32_t *word, uint32_t value, uint32_t *waiters)

@@ -245,19 +245,7 @@ cdef class Communicator:
             self.watch = None
         self.closed = False
 
-    # ---- layout -------------------------------------------------------------------------------
-    cdef size_t _layout(self, size_t slot_bytes, size_t ring_bytes):
-        cdef size_t n = self.size
-        # at least 64 bytes per rank after reduce_scatter_v's size header, or a chunk would be
-        # empty and a pipelined loop would never advance (SHMCOMM_SLOT_BYTES=4096, 57+ ranks)
-        slot_bytes = max(slot_bytes, _align_up((n + 1) * sizeof(uint64_t), 64) + 64 * n)
-        self.slot_bytes = _align_up(slot_bytes, 4096)
-        self.ring_bytes = _align_up(ring_bytes, 4096)
-        self.ring_off = _align_up(SHM_HEADER_BYTES + n * SHM_CB_BYTES, 4096)
-        self.ring_stride = SHM_RING_CTRL_BYTES + self.ring_bytes
-        self.slot_off = _align_up(self.ring_off + n * n * self.ring_stride, 4096)
-        return self.slot_off + 2 * n * self.slot_bytes
-
+    # ---- layout: where _layout (layout.pxi) placed the blocks, rings and slots ---------------
     cdef inline capi.shm_cb_t *cb(self, int r) noexcept nogil:
         return <capi.shm_cb_t *>(self.base + SHM_HEADER_BYTES + r * SHM_CB_BYTES)
 

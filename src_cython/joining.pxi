@@ -9,9 +9,9 @@ cdef _rendezvous(Communicator self, size_t slot_bytes, size_t ring_bytes, size_t
     name = segment_name(self.job, self.part)
     deadline = time.monotonic() + self.timeout
     host, boot = socket.gethostname(), _boot_id()
-    cdef size_t total
+    # on every rank, so that settings that cannot fit fail each at once, not only rank 0
+    cdef size_t total = _layout(self, slot_bytes, ring_bytes)
     if self.rank == 0:
-        total = self._layout(slot_bytes, ring_bytes)
         while True:
             try:
                 self.seg = Segment.create(name, total)
@@ -122,7 +122,7 @@ cdef _attach(Communicator self, str name, double deadline, str host, str boot):
                     raise ShmcommError(f"rank {self.rank} was started with world_size={self.size} "
                                        f"but rank 0 with world_size={hdr.world_size}")
                 self.base = seg.base
-                total = self._layout(hdr.slot_bytes, hdr.ring_bytes)
+                total = _layout(self, hdr.slot_bytes, hdr.ring_bytes)
                 if hdr.layout_size != total or seg.size != total:
                     raise ShmcommError(f"segment {name} has a corrupt layout size")
                 theirs_host = hdr.hostname.decode(errors="replace")

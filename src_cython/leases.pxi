@@ -128,7 +128,7 @@ cdef void _await_leases(Communicator self, int q) noexcept nogil:
     Python signal (Ctrl-C) arriving meanwhile cuts that grace to STUCK_AFTER_SIGNAL_NS."""
     cdef capi.shm_cb_t *peer = self.cb(q)
     cdef uint32_t progress = capi.shm_load_seq_cst(&peer.lease_progress), now_progress
-    cdef uint64_t quiet_since = capi.shm_now_ns(), grace = _seconds_ns(self.timeout), checked = 0, now
+    cdef uint64_t quiet_since = capi.shm_now_ns(), grace = capi.shm_span_ns(self.timeout), checked = 0, now
     while capi.shm_load_seq_cst(&peer.leases) != 0 and not _peer_dead(self, q):
         now = capi.shm_now_ns()
         now_progress = capi.shm_load_seq_cst(&peer.lease_progress)
@@ -233,12 +233,3 @@ cdef void _restore_error(tuple saved):
         Py_XINCREF(parts[i])  # PyErr_Restore takes these references
     PyErr_Restore(parts[0], parts[1], parts[2])
 
-
-cdef inline uint64_t _seconds_ns(double seconds) noexcept nogil:
-    """``seconds`` in ns, saturated: inf or anything past ~584 years is UINT64_MAX, never an
-    overflow (undefined in C)."""
-    if not seconds > 0:
-        return 0
-    if seconds >= 1.8e10:
-        return 0xffffffffffffffffULL
-    return <uint64_t>(seconds * 1e9)

@@ -321,7 +321,7 @@ cdef class P2PEngine:
             raise _aborted(self.comm, "point to point")
 
     cdef uint64_t _deadline(self):
-        return capi.shm_now_ns() + <uint64_t>(self.comm.timeout * 1e9)
+        return capi.shm_deadline_after(self.comm.timeout)
 
     cdef _kick(self):
         if self.pending:
@@ -340,7 +340,7 @@ cdef class P2PEngine:
         cdef capi.shm_cb_t *me = c.cb(c.rank)
         cdef uint32_t bell
         cdef uint64_t started = capi.shm_now_ns()
-        cdef uint64_t deadline = started + <uint64_t>(timeout * 1e9) if timeout >= 0 else 0
+        cdef uint64_t deadline = capi.shm_deadline_after(timeout) if timeout >= 0 else 0
         while not future.done():
             self.lock.acquire()
             try:

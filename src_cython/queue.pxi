@@ -89,7 +89,7 @@ cdef int _drive(Communicator self, op_t *target, bint runs, double timeout) exce
                 f"after it, which can only start once the running one has ended: issue it with "
                 f"async_op=False inside the operation, or wait for it outside")
     if not runs:
-        deadline = capi.shm_now_ns() + <uint64_t>(timeout * 1e9)
+        deadline = capi.shm_deadline_after(timeout)
         capi.shm_engine_kick(&self.engine)
     else:
         if target != NULL:  # the common case: the op is next in line; run it at once

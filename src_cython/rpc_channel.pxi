@@ -181,7 +181,7 @@ cdef class RpcChannel:
             raise self._gone_error(dst, "send to")
         if timeout < 0:
             timeout = self.comm.timeout
-        deadline = capi.shm_now_ns() + <uint64_t>(min(timeout, 1e9) * 1e9)
+        deadline = capi.shm_deadline_after(timeout)
         try:
             ptrs = <const char **>malloc(nparts * sizeof(char *))
             lens = <size_t *>malloc(nparts * sizeof(size_t))
@@ -207,7 +207,8 @@ cdef class RpcChannel:
             if not lock.acquire(False):
                 if only_if_room:
                     return False
-                if not lock.acquire(True, timeout):
+                # (-1: no limit; a Lock refuses more than TIMEOUT_MAX, about 292 years)
+                if not lock.acquire(True, timeout if timeout < threading.TIMEOUT_MAX else -1):
                     raise CommTimeoutError(f"send to rank {dst}: another send held the channel "
                                            f"for {timeout} s")
             total = 0
@@ -273,7 +274,7 @@ cdef class RpcChannel:
                     if head == start and capi.shm_now_ns() > deadline:
                         return RPC_TIMEOUT
                     if stall == 0:
-                        stall = capi.shm_now_ns() + <uint64_t>(self.comm.timeout * 1e9)
+                        stall = capi.shm_deadline_after(self.comm.timeout)
                     elif capi.shm_now_ns() > stall:
                         return RPC_STALLED
                     continue
@@ -309,7 +310,7 @@ cdef class RpcChannel:
         _check_process(self.comm)
         self.receiving = True
         try:
-            end = capi.shm_now_ns() + <uint64_t>(min(wait_s, 1e9) * 1e9) if wait_s >= 0 else 0
+            end = capi.shm_deadline_after(wait_s) if wait_s >= 0 else 0
             while True:
                 bell = capi.shm_load_acquire(my_bell)
                 for i in range(n):

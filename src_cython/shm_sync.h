@@ -50,6 +50,22 @@ static inline uint64_t shm_now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* `seconds` in nanoseconds, saturated as shm_deadline_after's deadline is (UINT64_MAX: never). */
+static inline uint64_t shm_span_ns(double seconds) {
+    if (seconds >= 1e10) return UINT64_MAX;  /* now + 1e19 ns would come close to wrapping */
+    if (!(seconds > 0)) return 0;
+    return (uint64_t)(seconds * 1e9);
+}
+
+/* The shm_now_ns() at which a wait of `seconds` ends: UINT64_MAX (never) for inf and for any span
+ * past about 317 years (torch's "never", timedelta.max, is 8.6e13 s), whose nanoseconds would not
+ * fit: converting such a double to uint64_t is undefined in C, and in practice gave a deadline in
+ * the past (inf timed out at the first wait slice). At once (now) for 0, negative or nan. */
+static inline uint64_t shm_deadline_after(double seconds) {
+    uint64_t span = shm_span_ns(seconds);
+    return span == UINT64_MAX ? UINT64_MAX : shm_now_ns() + span;
+}
+
 /* Shared (not FUTEX_PRIVATE) futex ops: the word lives in memory mapped by several processes. */
 static inline void shm_futex_wait(uint32_t *addr, uint32_t expected, uint64_t timeout_ns) {
     struct timespec ts = {(time_t)(timeout_ns / 1000000000ull), (long)(timeout_ns % 1000000000ull)};

@@ -196,7 +196,7 @@ cdef int _begin(Communicator self, const char *op_name) except -1 nogil:
         with gil:
             raise _unusable(self, op_name.decode())
     self.op_name = op_name
-    self.deadline_ns = capi.shm_now_ns() + <uint64_t>(self.timeout * 1e9)
+    self.deadline_ns = capi.shm_deadline_after(self.timeout)
     self.published = False
     return 0
 

@@ -57,8 +57,8 @@ cdef class Work(_Call):
         in line).
 
         Args:
-            timeout (float | None): seconds to wait at most; None (the default): until done
-                (each collective is bounded by the group's timeout anyway). On the group's
+            timeout (float | None): seconds to wait at most; None (the default) or ``inf``: until
+                done (each collective is bounded by the group's timeout anyway). On the group's
                 progress thread (in a Future's callback) the queue runs here whatever the
                 timeout: no other thread would run it.
 
@@ -72,12 +72,13 @@ cdef class Work(_Call):
             PeerFailureError: a rank of the group died or left it.
             AbortedError: the group was aborted.
             ShmcommError: the group was destroyed, or is unusable after an earlier failure.
+            ValueError: ``timeout`` is negative or nan.
 
         Example::
 
             work.wait(timeout=5.0)
         """
-        cdef double limit = -1.0 if timeout is None else float(timeout)
+        cdef double limit = _fut_timeout_arg(timeout)  # None and inf: -1, no limit
         cdef int rc = 0
         cdef bint runs
         if self._comm is None:

@@ -3,6 +3,7 @@
 import os
 import signal
 import time
+from datetime import timedelta
 
 import numpy as np
 import pytest
@@ -336,3 +337,104 @@ def _destroy_inside_own_operation(rank, size):
 @pytest.mark.timeout(60)
 def test_destroy_inside_own_operation_leaves_the_group_whole():
     assert all(run_ranks(_destroy_inside_own_operation, 2))
+
+
+# ---- "never time out" (issue 47): inf, and spans whose nanoseconds overflow, mean no limit -----
+def _never_times_out(rank, size, timeout):
+    """Every wait outlasts many 50 ms wait slices: rank 1 sleeps 0.3 s before each of its parts."""
+    sc.init_process_group(rank=rank, world_size=size, name=f"never-{os.getppid()}", timeout=timeout)
+
+    def late():
+        if rank == 1:
+            time.sleep(0.3)
+
+    late()
+    sc.barrier()  # the group's own deadline
+    x = np.ones(4)
+    late()
+    work = sc.all_reduce(x, async_op=True)
+    assert work.wait(timeout=float("inf")) and x[0] == size  # Work.wait's limit
+    y = np.zeros(4)
+    late()
+    if rank == 1:
+        sc.send(np.arange(4.0), dst=0)
+    else:
+        assert sc.recv(y, src=1) == 1 and y.tolist() == [0.0, 1.0, 2.0, 3.0]  # point to point
+    late()
+    work = sc.all_reduce(x, async_op=True)
+    assert sc.wait_any([work], timeout=float("inf")) == 0
+    work.get_future().wait(timeout=float("inf"))
+    return x[0]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("timeout", [float("inf"), 1e12, timedelta.max.total_seconds()],
+                         ids=["inf", "1e12", "timedelta.max"])
+def test_no_timeout_waits_past_a_wait_slice(timeout):
+    """`now + <uint64_t>(timeout * 1e9)` overflowed for these: the first wait longer than one
+    slice raised `CommTimeoutError: barrier timed out after inf s`."""
+    assert run_ranks(_never_times_out, 2, timeout, init=False, timeout=30) == [4.0, 4.0]
+
+
+def _bad_wait_timeouts(rank, size):
+    work = sc.all_reduce(np.ones(2), async_op=True)
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="timeout must be a non-negative number of seconds"):
+            work.wait(timeout=bad)  # -1 waited without a limit
+        with pytest.raises(ValueError, match="timeout must be a non-negative number of seconds"):
+            sc.wait_any([work], timeout=bad)
+    return work.wait()
+
+
+@pytest.mark.timeout(60)
+def test_negative_or_nan_wait_timeouts_are_refused_naming_the_argument():
+    assert run_ranks(_bad_wait_timeouts, 1) == [True]
+
+
+@pytest.mark.timeout(120)
+def test_torch_backend_takes_timedelta_max_as_no_timeout(tmp_path):
+    torch = pytest.importorskip("torch")
+    dist = pytest.importorskip("torch.distributed")
+    import shmcomm.torch  # noqa: F401 - registers the backend
+
+    path = str(tmp_path / "store")
+
+    def body(rank, size):
+        torch.set_num_threads(1)
+        # a store of its own: torch's FileStore takes timedelta.max as a negative timeout
+        dist.init_process_group("shmcomm", store=dist.FileStore(path, size), rank=rank,
+                                world_size=size, timeout=timedelta.max)
+        try:
+            # torch hands its backend timedelta.max wrapped to a negative span: the default
+            # (30 min) was used
+            assert dist.group.WORLD._get_backend(torch.device("cpu"))._comm.timeout == float("inf")
+            if rank == 1:
+                time.sleep(0.3)
+            t = torch.ones(3)
+            dist.all_reduce(t)
+            dist.barrier()
+            return t.tolist()
+        finally:
+            dist.destroy_process_group()
+
+    assert run_ranks(body, 2, init=False, timeout=100) == [[2.0] * 3] * 2
+
+
+@pytest.mark.timeout(120)
+def test_no_timeout_across_simulated_nodes():
+    """Between nodes the timeout reaches torch's store and gloo as a timedelta: inf raised
+    OverflowError there, and a span past 24.8 days wraps torch's poll (it spun warning "likely a
+    timeout")."""
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+
+    code = ("import time, numpy as np, shmcomm as sc; sc.init_process_group(); "
+            "time.sleep(0.3 * sc.get_rank()); x = np.ones(2); sc.all_reduce(x); sc.barrier(); "
+            "print('sum', x[0]); sc.destroy_process_group()")
+    env = {**os.environ, "SHMCOMM_SIMULATE_NODES": "2", "SHMCOMM_TIMEOUT": "inf"}
+    done = subprocess.run([sys.executable, "-m", "shmcomm.launch", "-n", "2", sys.executable, "-c", code],
+                          env=env, capture_output=True, text=True, timeout=110)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("sum 2.0") == 2, done.stdout
+    assert "likely a timeout" not in done.stderr, done.stderr[-3000:]

@@ -243,6 +243,44 @@ def test_signal_to_launcher_stops_every_process(pid_dir, sig):
     assert_all_dead(pids)
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_start_up_stops_the_launch_at_once(pid_dir, sig):
+    """A signal used to wait until every rank had started: no later rank starts now, the ones
+    started are stopped, and shmrun exits 128 + the signal."""
+    n = 400
+    with launcher(["-n", str(n), "--grace", "2", "sh", "-c",
+                   f'echo $$ > {pid_dir}/.r$RANK; mv {pid_dir}/.r$RANK {pid_dir}/rank$RANK; '
+                   'exec sleep 60']) as proc:
+        wait_for_pids(pid_dir, 1, proc)  # rank 0 runs: the launcher is starting the others
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + sig, err
+    started = re.search(rf"received {signal.Signals(sig).name} during start-up, stopping the (\d+) "
+                        rf"of {n} rank\(s\) started".encode(), err)
+    assert started and int(started.group(1)) < n, err
+    assert_all_dead(read_pids(pid_dir))
+
+
+def _lower_open_files(limit: int):
+    import resource
+
+    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
+                                      (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+
+@pytest.mark.timeout(30)
+def test_more_ranks_than_the_launcher_can_watch_are_refused_before_any_starts(pid_dir):
+    """Two pipes per rank: past ulimit -n, rank ~25 of 40 failed to start, after the first ones
+    had started."""
+    proc = subprocess.run([*LAUNCH, "-n", "40", "sh", "-c", f"echo $$ > {pid_dir}/rank$RANK"],
+                          cwd=SCRIPTS, capture_output=True, timeout=20, preexec_fn=_lower_open_files(64))
+    err = proc.stderr.decode()
+    assert proc.returncode == 2, err
+    assert "-n 40 is too many: the launcher would hold about" in err and "ulimit -n" in err, err
+    assert not read_pids(pid_dir)
+
+
 @pytest.mark.timeout(30)
 def test_rank_ignoring_sigterm_is_killed_after_grace(pid_dir):
     start = time.monotonic()
@@ -486,6 +524,8 @@ def test_unchanged_torch_gloo_script():
     (["-n", "2", "--standalone", "--master-port", "29500", "env_report.py"], "drop --master-addr"),
     (["-n", "2", "--grace", "-1", "env_report.py"], "--grace must be >= 0"),
     (["-n", "2", "--max-restarts", "-1", "env_report.py"], "--max-restarts must be >= 0"),
+    # a typo once started processes until fork failed, deaf to SIGTERM meanwhile
+    (["-n", "100000", "env_report.py"], "-n 100000 is too many: at most 4096 ranks start on one machine"),
 ])
 def test_bad_usage(args, message):
     res = shmrun(*args)

@@ -8,6 +8,7 @@ the ranks with their environment, shows their output, and stops them all when on
     supervisor.py    Supervisor: one attempt: start the ranks, pump their output, watch exits,
                      blame the root cause, stop and sweep the process trees, remove segments
     cli.py           the command line -> LaunchConfig (torchrun's and mpirun's spellings too)
+    limits.py        how many ranks may start: at most 4096, within ulimit -u and -n
     environment.py   job names, ports, CPU binding plan, OMP_NUM_THREADS, each rank's environment
     outcome.py       Rank, Outcome, shmrun's exit codes, the failure summary
     console.py       live output: [rank] prefixes, timestamps, whole lines, held partial lines

@@ -18,6 +18,7 @@ import sys
 from shmcomm import __version__
 from shmcomm.launcher.config import PROG, LaunchConfig
 from shmcomm.launcher.cpus import usable_cores
+from shmcomm.launcher.limits import MAX_RANKS, too_many_ranks
 
 __all__ = ["parse_args"]
 
@@ -121,7 +122,9 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-n", "-np", "--nproc", "--nproc-per-node", "--nproc_per_node", dest="nproc",
                         type=_nproc_value, metavar="N", required=True,
-                        help="number of ranks to start on this node; 'auto': one per usable core")
+                        help=f"number of ranks to start on this node, at most {MAX_RANKS} and "
+                             f"what ulimit -u and -n allow (refused before any rank starts); "
+                             f"'auto': one per usable core")
     parser.add_argument("--oversubscribe", action="store_true",
                         help="accepted as mpirun takes it; shmrun never refuses more ranks than "
                              "cores")
@@ -233,6 +236,9 @@ def parse_args(argv: list[str] | None = None) -> LaunchConfig:
         ns.nproc = len(usable_cores())
     if ns.nproc < 1:
         parser.error(f"-n must be at least 1, got {ns.nproc}")
+    too_many = too_many_ranks(ns.nproc)
+    if too_many:
+        parser.error(f"-n {ns.nproc} is too many: {too_many}")
     if ns.max_restarts < 0:
         parser.error(f"--max-restarts must be >= 0, got {ns.max_restarts}")
     if not ns.grace >= 0:  # also rejects nan

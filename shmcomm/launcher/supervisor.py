@@ -92,11 +92,15 @@ class Supervisor:
 
     # -- start -------------------------------------------------------------------------------
     def spawn(self) -> int | None:
-        """Start every rank; returns an exit code when one could not even be started."""
+        """Start every rank; returns an exit code when one could not even be started. A signal
+        to the launcher meanwhile ends the start-up at once: the main loop stops the ranks
+        started so far (it waited for every rank to start)."""
         port = self.cfg.master_port or free_port()
         plan = binding_plan(self.cfg)
         self.sel.register(self.wakeup_r, selectors.EVENT_READ, None)
         for r in range(self.cfg.nproc):
+            if self.pending:
+                break
             error_path = os.path.join(self.error_dir, f"rank{r}.json")
             env = rank_environment(self.cfg, r, self.job, port, self.attempt, secret=self.secret,
                                    plan=plan, error_path=error_path)
@@ -147,6 +151,7 @@ class Supervisor:
 
     def _run(self) -> Outcome:
         code = self.spawn()
+        self._handle_signals()  # one that ended the start-up, even before the first rank
         while any(rk.returncode is None for rk in self.ranks) or self._blame_pending():
             self._pump(_POLL_S)
             self._handle_signals()
@@ -214,7 +219,10 @@ class Supervisor:
             signum = self.pending.pop(0)
             if self.launcher_signal is None and self.kill_at is None:
                 self.launcher_signal = signum
-                self.console.say(f"received {signal_name(signum)}, stopping {self.cfg.nproc} rank(s)")
+                started = len(self.ranks)
+                what = (f", stopping {started} rank(s)" if started == self.cfg.nproc else
+                        f" during start-up, stopping the {started} of {self.cfg.nproc} rank(s) started")
+                self.console.say(f"received {signal_name(signum)}{what}")
                 self.stop(signum)  # forward the same signal: SIGINT reaches Python ranks as Ctrl-C
             elif not self.killed:
                 self.launcher_signal = self.launcher_signal or signum

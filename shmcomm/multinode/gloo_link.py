@@ -10,7 +10,6 @@ gloo moves, is kept here. Data moves as bytes, so every dtype crosses::
 
 from __future__ import annotations
 
-import datetime
 import os
 
 import numpy as np
@@ -19,7 +18,7 @@ from shmcomm._core import reduce_kernel
 from shmcomm.errors import ShmcommError
 from shmcomm.multinode.link import Launch, check_same, descriptor
 from shmcomm.multinode.scratch import Scratch
-from shmcomm.multinode.store import StoreMeeting, from_environment
+from shmcomm.multinode.store import StoreMeeting, from_environment, torch_timeout
 from shmcomm.multinode.topology import spans_nodes
 from shmcomm.ops import ReduceOp
 
@@ -94,7 +93,7 @@ class _GlooRequest:
         if timeout is None:
             self._work.wait()  # bounded by the link's timeout
         else:
-            self._work.wait(datetime.timedelta(seconds=float(timeout)))
+            self._work.wait(torch_timeout(float(timeout)))
 
     def done(self) -> bool:
         return self._work.is_completed()
@@ -129,7 +128,7 @@ class GlooLink:
         self._swaps = size == 2 and not carries_p2p
         self._scratch = Scratch()  # what a swap receives
         self._pg = dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, size,
-                                         datetime.timedelta(seconds=timeout))
+                                         torch_timeout(timeout))
 
     def _agree(self, kind: str, a: np.ndarray | None = None, op: int = -1, root: int = -1,
                nbytes: int | None = None) -> None:

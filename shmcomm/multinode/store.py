@@ -19,7 +19,23 @@ import os
 import uuid
 from typing import Callable, Protocol
 
-__all__ = ["Meeting", "StoreMeeting", "share_job", "from_environment"]
+__all__ = ["Meeting", "StoreMeeting", "share_job", "from_environment", "torch_timeout"]
+
+# torch polls its store's sockets with the timeout in int milliseconds: past 2**31 - 1 ms (24.8
+# days; inf, or timedelta.max, shmcomm's and torch's "never") it wraps, and the store spins warning
+# "poll ... returned 0, likely a timeout". timedelta itself refuses inf. So longer is 24.8 days.
+_TORCH_TIMEOUT_MAX_S = ((1 << 31) - 1) / 1000
+
+
+def torch_timeout(seconds: float) -> datetime.timedelta:
+    """``seconds`` as the timedelta torch's stores and process groups take, capped where torch's
+    clock arithmetic would wrap.
+
+    Example::
+
+        torch_timeout(float("inf"))   # datetime.timedelta(days=24, seconds=73883, microseconds=647000)
+    """
+    return datetime.timedelta(seconds=min(seconds, _TORCH_TIMEOUT_MAX_S))
 
 
 class Meeting(Protocol):
@@ -113,5 +129,5 @@ def from_environment(rank: int, size: int, job: str, timeout: float) -> StoreMee
             raise ValueError(f"{var} is not set: ranks on several nodes meet through it "
                              "(torchrun and shmrun --nnodes set it)")
     store, _, _ = next(dist.rendezvous("env://", rank, size,
-                                       timeout=datetime.timedelta(seconds=timeout)))
+                                       timeout=torch_timeout(timeout)))
     return StoreMeeting(dist.PrefixStore(f"shmcomm/{job}", store), "np", rank, size)

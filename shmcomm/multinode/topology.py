@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import socket
 
+from shmcomm.settings import find, read_int
+
 __all__ = ["Topology", "host_identity", "simulated_nodes", "spans_nodes"]
 
 
@@ -24,16 +26,7 @@ def simulated_nodes() -> int:
 
         os.environ["SHMCOMM_SIMULATE_NODES"] = "2"; simulated_nodes()   # 2
     """
-    raw = os.environ.get("SHMCOMM_SIMULATE_NODES", "").strip()
-    if not raw:
-        return 1
-    try:
-        k = int(raw)
-    except ValueError:
-        k = 0
-    if k < 1:
-        raise ValueError(f"SHMCOMM_SIMULATE_NODES must be an integer >= 1, got {raw!r}")
-    return k
+    return read_int(find("SHMCOMM_SIMULATE_NODES"), 1)
 
 
 def spans_nodes(world_size: int) -> bool:

@@ -1,0 +1,48 @@
+# The group segment's layout: the header, each rank's control block, a point-to-point ring per
+# ordered pair of ranks, then two data slots per rank. Its size grows with the square of the
+# ranks, so it is computed in Python integers and checked against /dev/shm: settings and a world
+# size that cannot fit are an error naming them on every rank, never a size that wrapped
+# (SHMCOMM_SLOT_BYTES=2**62 at 2 ranks once gave a segment without slots: zeros on rank 1,
+# SIGSEGV on rank 0). A free function of Communicator (engine.pxi holds its fields and reads).
+
+
+cdef size_t _layout(Communicator self, size_t slot_bytes, size_t ring_bytes) except 0:
+    """Place the rings and slots for ``slot_bytes`` and ``ring_bytes`` (this rank's settings, or
+    rank 0's from the segment's header); returns the segment's size."""
+    n = self.size
+    # at least 64 bytes per rank after reduce_scatter_v's size header, or a chunk would be
+    # empty and a pipelined loop would never advance (SHMCOMM_SLOT_BYTES=4096, 57+ ranks)
+    slot = _round_up(max(slot_bytes, _round_up((n + 1) * sizeof(uint64_t), 64) + 64 * n), 4096)
+    ring = _round_up(ring_bytes, 4096)
+    ring_off = _round_up(SHM_HEADER_BYTES + n * SHM_CB_BYTES, 4096)
+    slot_off = _round_up(ring_off + n * n * (SHM_RING_CTRL_BYTES + ring), 4096)
+    total = slot_off + 2 * n * slot
+    room = _shm_size_bytes()
+    if total > room:
+        raise ValueError(
+            f"a group of {n} ranks needs {_size_text(total)} of /dev/shm for its segment "
+            f"({n}x{n} point-to-point rings of SHMCOMM_RING_BYTES={ring_bytes} and {2 * n} slots "
+            f"of SHMCOMM_SLOT_BYTES={slot_bytes}), more than /dev/shm holds "
+            f"({_size_text(room)}): lower SHMCOMM_RING_BYTES or SHMCOMM_SLOT_BYTES, or "
+            f"enlarge /dev/shm (e.g. docker --shm-size)")
+    self.slot_bytes, self.ring_bytes = slot, ring
+    self.ring_off, self.ring_stride, self.slot_off = ring_off, SHM_RING_CTRL_BYTES + ring, slot_off
+    return total
+
+
+def _size_text(n):
+    return f"{n / 2**40:,.1f} TiB" if n >= 2**40 else f"{n / 2**30:,.1f} GiB"
+
+
+def _round_up(x, a):
+    return (x + a - 1) // a * a
+
+
+def _shm_size_bytes():
+    """The size of /dev/shm (not what is free now: that changes, and creating the segment says
+    so); a file can never be larger. The largest file offset where unknown or unlimited."""
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return 2**63 - 1
+    return st.f_blocks * st.f_frsize or 2**63 - 1
