@@ -140,7 +140,11 @@ cdef object _torch_buf(object t, buf_t *out, str argname):
                         f"collective's result: wait for it, e.g. torch.distributed._functional_"
                         f"collectives.wait_tensor)")
     info = _torch_dtype(t.dtype, argname)
-    why = _not_as_it_is(t, info)
+    try:
+        why = _not_as_it_is(t, info)
+        out.ptr = <char *><size_t>t.data_ptr()
+    except RuntimeError:  # sparse, mkldnn, ...: no strided memory (checked here for free)
+        raise ValueError(f"{argname} must be a dense (strided) tensor, got layout {t.layout}") from None
     if why == 1:
         raise ValueError(f"{argname} must be a CPU tensor, got a tensor on {t.device}")
     if why == 2:
@@ -152,7 +156,6 @@ cdef object _torch_buf(object t, buf_t *out, str argname):
     out.itemsize = info[1]
     out.count = t.numel()
     out.nbytes = out.count * out.itemsize
-    out.ptr = <char *><size_t>t.data_ptr()
     return t
 
 
@@ -176,7 +179,10 @@ def tensor_is_direct(t) -> bool:
             info = _torch_dtype(t.dtype, "tensor")
         except TypeError:
             return False
-    return info[0] >= 0 and _not_as_it_is(t, info) == 0
+    try:
+        return info[0] >= 0 and _not_as_it_is(t, info) == 0
+    except RuntimeError:  # sparse: no strided memory (mkldnn is refused when it is taken)
+        return False
 
 
 cdef object as_buf(object obj, buf_t *out, bint writable, str argname):

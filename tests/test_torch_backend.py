@@ -627,3 +627,79 @@ def test_conformance_at_three_ranks_forked():
     assert "conformance (shmcomm, WORLD_SIZE=3): passed 2, failed 0, skipped 0" in proc.stdout, \
         proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.returncode == 0
+
+
+# ---- several user threads, sync Works, tensors the core cannot take (issue 47) ------------------
+def _collectives_from_four_threads(rank, size, rounds):
+    """Four threads per rank issue all_reduces of one shape at once: synchronous, async waited at
+    once, async chained with then() and waited later, and functional collectives. One rank died
+    of SIGSEGV within 50 rounds (a Work whose Future was handed out was freed by the cyclic GC
+    while the engine still held it); gloo runs the same program."""
+    import threading
+
+    import torch.distributed._functional_collectives as fc
+
+    errors = []
+
+    def worker(kind):
+        try:
+            for i in range(rounds):
+                t = torch.full((256,), float(rank + 1))
+                if kind == 0:
+                    dist.all_reduce(t)
+                elif kind == 1:
+                    dist.all_reduce(t, async_op=True).wait()
+                elif kind == 2:
+                    later = dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0].sum())
+                    assert later.wait().item() == 256 * size * (size + 1) / 2
+                else:
+                    t = fc.wait_tensor(fc.all_reduce(t, "sum", dist.group.WORLD))
+                assert torch.all(t == size * (size + 1) / 2), (kind, i, t[:4])
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(f"thread {kind}: {exc!r}")
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    return True
+
+
+@pytest.mark.timeout(300)
+def test_collectives_from_several_threads(tmp_path):
+    rounds = 20 if os.environ.get("SHMCOMM_ASAN") == "1" else 50
+    for trial in range(3):
+        (tmp_path / f"t{trial}").mkdir()  # a store of its own per run
+        assert all(torch_ranks(_collectives_from_four_threads, 2, tmp_path / f"t{trial}", rounds, timeout=200))
+
+
+def _sync_works_and_refused_tensors(rank, size):
+    pg = dist.distributed_c10d._get_default_group()
+    opts = dist.AllreduceOptions()
+    opts.asyncOp = False
+    a, b = torch.ones(3), torch.ones(5)
+    wa = pg.allreduce([a], opts)
+    wb = pg.allreduce([b], opts)
+    # each synchronous Work holds its own outputs, as gloo's do (one shared Work held [] for all)
+    assert wa.result()[0] is a and wb.result()[0] is b
+    wa.get_future().value().append("mine")
+    assert wb.get_future().value() == [b]
+    # an output whose elements share memory, and tensors without strided memory: clear errors
+    # before anything runs (the first failed after the collective ran, the others with torch's
+    # "Cannot access data pointer of Tensor that doesn't have storage")
+    for t, words in ((torch.ones(1).expand(4), "expanded"), (torch.ones(3, 1).expand(3, 4), "expanded"),
+                     (torch.ones(4).to_mkldnn(), "dense")):
+        for async_op in (False, True):
+            with pytest.raises((ValueError, TypeError), match=words):
+                dist.all_reduce(t, async_op=async_op)
+    x = torch.ones(4)
+    dist.all_reduce(x)  # the group is fine
+    assert torch.all(x == size)
+    return True
+
+
+@pytest.mark.timeout(120)
+def test_sync_works_hold_their_outputs_and_odd_tensors_are_refused(tmp_path):
+    assert all(torch_ranks(_sync_works_and_refused_tensors, 2, tmp_path))
