@@ -378,3 +378,47 @@ def test_a_peer_stopped_in_a_copy_is_killed_and_the_error_kept(tmp_path):
         if killed == 2:
             break
     assert killed, "rank 1 was never stopped inside a copy: the test did not test anything"
+
+
+def _throttled_peer(rank, size):
+    """Rank 1 runs at a sliver of a CPU (rank 0 stops and continues it, 30 ms / 5 ms, as a
+    container's CPU quota would) in a large single-copy all_reduce that outlasts the timeout.
+    Rank 0 times out and withdraws while rank 1 copies: rank 1 still makes progress, so it must
+    see the withdrawal and raise, not be killed (it held one lease for its whole copy, and was
+    killed once that lease outlasted the timeout)."""
+    import threading
+
+    pids = [None] * size
+    sc.all_gather_object(pids, os.getpid())
+    x = np.ones(64 << 20, np.float32)  # 256 MiB
+    done = threading.Event()
+    if rank == 0:
+        def throttle():
+            while not done.is_set():
+                os.kill(pids[1], signal.SIGSTOP)
+                time.sleep(0.03)
+                os.kill(pids[1], signal.SIGCONT)
+                time.sleep(0.005)
+        threading.Thread(target=throttle, daemon=True).start()
+    try:
+        sc.all_reduce(x)
+        outcome = "completed"
+    except sc.ShmcommError as exc:
+        outcome = type(exc).__name__
+    finally:
+        done.set()
+    if rank == 0:
+        time.sleep(0.1)
+        os.kill(pids[1], signal.SIGCONT)
+        x[...] = -1
+        time.sleep(1.0)
+        return outcome, int(np.count_nonzero(x != -1))
+    return outcome, 0
+
+
+@pytest.mark.timeout(120)
+def test_a_slow_but_live_peer_is_not_killed():
+    (first, written), (second, _) = run_ranks(_throttled_peer, 2, env={"SHMCOMM_TIMEOUT": 0.5}, timeout=90)
+    assert written == 0, f"{written} elements written after rank 0's error"
+    assert first in ("CommTimeoutError", "PeerFailureError", "completed"), first
+    assert second in ("CommTimeoutError", "PeerFailureError", "completed"), second  # alive: it answered
