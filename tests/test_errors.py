@@ -245,6 +245,31 @@ def test_every_rank_gets_the_cause_of_a_failed_shared_allocation(world):
         assert "bytes free" in text and "docker --shm-size" in text, text
 
 
+def _empty_against_another_collective(rank, size):
+    caught = []
+    for theirs in (lambda: sc.all_reduce(np.ones(4, np.float32)), sc.barrier):
+        with pytest.raises(sc.CollectiveMismatchError) as info:
+            sc.empty(4, np.float32) if rank == 0 else theirs()
+        caught.append(str(info.value))
+    a = sc.empty(4, np.float32)  # every rank names the same heap: the group goes on
+    a[:] = rank
+    sc.all_reduce(a)
+    assert (a == sum(range(size))).all(), a
+    return caught
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world", [2, 3])
+def test_empty_against_another_collective_is_a_mismatch_and_the_next_empty_works(world):
+    """Before, rank 0 counted the heap of its sc.empty that met another collective, its peers
+    did not: the next sc.empty aborted the group with "... is not the one rank 0 created" on
+    the others (UntrustedFileError) and AbortedError on rank 0."""
+    messages = run_ranks(_empty_against_another_collective, world)
+    for ms in messages:
+        assert "rank 0: empty(nbytes=16)" in ms[0] and "all_reduce(dtype=float32, nbytes=16" in ms[0], ms
+        assert "rank 0: empty(nbytes=16)" in ms[1] and "barrier()" in ms[1], ms
+
+
 @pytest.mark.timeout(60)
 def test_job_name_in_use_and_world_size_mismatch():
     def clash(rank, size):
