@@ -89,6 +89,8 @@ cdef extern from "shm_layout.h" nogil:
         uint64_t desc[2][8]
         uint32_t bell
         uint32_t bell_waiters
+        uint64_t not_made
+        char not_made_why[232]
 
     ctypedef struct shm_ring_t:
         uint64_t head

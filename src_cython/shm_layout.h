@@ -10,7 +10,7 @@
 #include <string.h>
 
 #define SHM_MAGIC 0x006D6D6F636D6873ull /* "shmcomm\0" */
-#define SHM_VERSION 7u
+#define SHM_VERSION 8u
 #define SHM_HEAP_MAGIC 0x0070616568636873ull /* "shcheap\0" */
 #define SHM_HEADER_BYTES 4096
 #define SHM_CB_BYTES 512
@@ -78,7 +78,12 @@ typedef struct {
                                 (shm_tag_step): readers wait on it, not on `seq` */
     uint32_t bell;           /* 256: rung when a ring to or from this rank moves (futex word) */
     uint32_t bell_waiters;   /* 260 */
-    char pad1[248];
+    uint64_t not_made;       /* 264: a group made through this one (a sub-group) whose rank 0 this
+                                rank is could not make its segment: that group's code
+                                (_Derivation), stored after not_made_why; 0: none */
+    char not_made_why[232];  /* 272: why, as this rank's error said: its members waiting for the
+                                segment raise it at once instead of at their timeout */
+    char pad1[8];
 } shm_cb_t;
 
 /* Control of a single-producer single-consumer byte ring (one per ordered pair of ranks: point to
