@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import shmcomm as sc
-from harness import RankFailed, run_ranks
+from harness import RankFailed, run_ranks, shmrun_leave_early
 
 
 def _mismatches(rank, size):
@@ -158,6 +158,18 @@ def _abort(rank, size):
     with pytest.raises(sc.AbortedError):
         sc.barrier()  # rank 1 sees the abort; later ops on rank 0 do too
     return "aborted"
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_leaves_early_is_named_by_its_peers_and_by_shmrun():
+    """Rank 1 returns (exit code 0) while ranks 0 and 2 wait for it in an all_reduce: they name
+    it, and shmrun's summary names it as the cause. Before, the summary blamed a rank that had
+    only failed because rank 1 had left ("rank 2 (pid ...) failed with exit code 1")."""
+    rc, out, pid = shmrun_leave_early(3, 1)
+    assert rc == 1, out[-3000:]
+    for rank in (0, 2):
+        assert f"rank {rank} raised PeerFailureError: all_reduce: rank 1 (pid {pid}) died or left " \
+               "the group" in out, out[-3000:]
 
 
 @pytest.mark.timeout(60)

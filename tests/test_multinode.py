@@ -124,6 +124,24 @@ def test_shmrun_stops_every_node_when_one_fails(fail_rank):
     assert took < 60, f"the nodes took {took:.0f} s to stop (the healthy ranks sleep 120 s)"
 
 
+@pytest.mark.timeout(150)
+def test_a_rank_that_leaves_early_is_named_across_nodes():
+    """Rank 3 (node 1's second rank; SHMCOMM_SIMULATE_NODES=2 under one shmrun) returns while
+    the others wait for it in an all_reduce. Its node peer names it as the whole group numbers
+    it, the ranks of node 0 raise PeerFailureError (their link to it closed), and shmrun's
+    summary names it as the cause. Before, its node peer said "rank 1 (pid ...)" (its number in
+    the node group: a live rank of the whole group) and the summary blamed a rank that had only
+    failed because it had left."""
+    from harness import shmrun_leave_early
+
+    rc, out, pid = shmrun_leave_early(4, 3, env={"SHMCOMM_SIMULATE_NODES": "2"})
+    assert rc == 1, out[-3000:]
+    assert re.search(rf"rank 2 raised PeerFailureError: \w+: rank 3 \(pid {pid}\) died or left the "
+                     r"group\n", out), out[-3000:]
+    for rank in (0, 1):
+        assert f"rank {rank} raised PeerFailureError: " in out, out[-3000:]
+
+
 def _read_until(p, marker: str, timeout: float) -> str:
     """Lines of ``p``'s output until one holds ``marker`` (or ``timeout`` seconds pass)."""
     import selectors

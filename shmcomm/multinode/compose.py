@@ -67,17 +67,22 @@ def flat(array, argname: str = "array", writable: bool = False) -> np.ndarray:
 
 def name_in_whole_group(exc: PeerFailureError, rank: int) -> None:
     """Renumber a death met in one level's group (or learnt of from a peer's abort of it), which
-    numbers its ranks from 0, as the whole group's ``rank``: ``exc.rank``, and its text says so.
+    numbers its ranks from 0, as the whole group's ``rank``: ``exc.rank``, and its text (which
+    would otherwise name a live rank of the whole group that has the level's number: a rank that
+    left early was blamed on another).
 
     Example::
 
         >>> e = PeerFailureError("all_reduce: rank 1 (pid 42) died or left the group", 1, 42)
         >>> name_in_whole_group(e, 3); (e.rank, str(e))
-        (3, 'all_reduce: rank 1 (pid 42) died or left the group [rank 3 of the whole group]')
+        (3, 'all_reduce: rank 3 (pid 42) died or left the group')
     """
     if rank >= 0 and rank != exc.rank:
+        said, text = f"rank {exc.rank} (pid {exc.pid})", exc.args[0]
+        text = (text.replace(said, f"rank {rank} (pid {exc.pid})", 1) if said in text
+                else f"{text} [rank {rank} of the whole group]")
         exc.rank = rank
-        exc.args = (f"{exc.args[0]} [rank {rank} of the whole group]", *exc.args[1:])
+        exc.args = (text, *exc.args[1:])
 
 
 def numpy_bfloat16():
