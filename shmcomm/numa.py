@@ -172,8 +172,9 @@ class NumaComm:
     def _run(self, kind: str, whole: np.ndarray, op: int, steps, args: tuple) -> None:
         """One composed collective: every rank's (kind, dtype, bytes of ``whole``, op) checked on
         the whole group first, then its steps."""
-        rows = np.empty((self._comm.size, 5), np.int64)
-        self._comm.all_gather(list(rows), descriptor(kind, whole, op))  # the list form: never composed
+        mine = descriptor(kind, whole, op)
+        rows = np.empty((self._comm.size, mine.size), np.int64)
+        self._comm.all_gather(list(rows), mine)  # the list form: never composed
         check_same(rows, "ranks of a group that composes inside NUMA nodes", "rank")
         try:
             steps(*args)

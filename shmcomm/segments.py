@@ -24,7 +24,7 @@ SHM_DIR = "/dev/shm"
 PREFIX = "shmcomm"
 MAGIC = 0x006D6D6F636D6873  # b"shmcomm\0" read as a little-endian uint64
 HEADER_BYTES = 4096  # header page; per-rank control blocks follow it
-CONTROL_BLOCK_BYTES = 512
+CONTROL_BLOCK_BYTES = 640
 # Offsets inside the header and a control block; src_cython/shm_layout.h is the authority.
 _HEADER = struct.Struct("<QII")  # magic, version, world_size
 _PID_OFFSET = 8  # int32 pid inside each control block

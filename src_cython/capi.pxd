@@ -92,6 +92,8 @@ cdef extern from "shm_layout.h" nogil:
         uint64_t desc[2][8]
         uint32_t bell
         uint32_t bell_waiters
+        uint64_t not_made
+        char not_made_why[232]
         uint32_t exposures[32]  # SHM_P2P_EXPOSURES
 
     ctypedef struct shm_ring_t:

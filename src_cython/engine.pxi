@@ -141,7 +141,7 @@ cdef class Communicator:
     cdef const void **srcs        # reduction inputs: scratch of the op running now
     cdef double *factors          # PREMUL_SUM: each rank's factor, for the op running now
     cdef object broken
-    cdef object watch             # during start-up only: raises when a rank to come cannot
+    cdef object watch             # start-up only: a derived group's _Derivation (its parent's news)
     cdef const char *op_name
     cdef readonly bint closed
     cdef int heap_count
@@ -238,7 +238,7 @@ cdef class Communicator:
         for r in range(size):
             self.pidfds[r] = -1
             self.pids[r] = 0
-        self.watch = watch  # a sub-group's: its parent's check that the members still live
+        self.watch = watch  # a derived group's view of its parent (_Derivation)
         try:
             _rendezvous(self, settings["slot_bytes"], settings["ring_bytes"], settings["cma_bytes"])
         finally:
@@ -444,10 +444,11 @@ cdef class Communicator:
             sub = comm.derive("g3", [0, 2])   # on ranks 0 and 2
         """
         members = list(members)
-        return Communicator(self.job, self.derived_part(what), members.index(self.rank),
+        part = self.derived_part(what)
+        return Communicator(self.job, part, members.index(self.rank),
                             len(members), self.timeout if timeout is None else timeout,
                             secret=self.creds, threads_per_rank=self.threads_per_rank,
-                            watch=lambda: self.check_alive(members), busy_ranks=self.busy_ranks)
+                            watch=_Derivation(self, members, part), busy_ranks=self.busy_ranks)
 
     def check_alive(self, ranks):
         """Raise PeerFailureError naming the first of ``ranks`` (of this group) whose process

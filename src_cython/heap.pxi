@@ -14,10 +14,6 @@ cdef _alloc_shared(Communicator self, size_t nbytes_per_rank):
     cdef int made = -1  # step 2's descriptor, where rank 0 says whether it made the heap
     try:
         _begin(self, b"empty")
-        self.heap_count += 1
-        part = self.derived_part(f"{self.part}.h{self.heap_count}")
-        name = segment_name(self.job, part)
-        tag = self.creds.tag(self.job, part)
         failed = None  # rank 0's error creating the segment: every rank raises its cause
         # Three steps: (1) every rank is in this call, with the same size; rank 0 makes and names
         # the heap only then, so a rank that failed earlier leaves no name behind; (2) rank 0 says
@@ -29,6 +25,14 @@ cdef _alloc_shared(Communicator self, size_t nbytes_per_rank):
             with nogil:
                 _step(self)
                 _check_desc(self)
+            # Counted only once every rank is in this call: a rank whose sc.empty met another
+            # collective (a mismatch, raised on every rank) must not name the next heap apart
+            # from its peers' (it attached to a name rank 0 never made: "not the one rank 0
+            # created", and the group aborted)
+            self.heap_count += 1
+            part = self.derived_part(f"{self.part}.h{self.heap_count}")
+            name = segment_name(self.job, part)
+            tag = self.creds.tag(self.job, part)
             made = (self.step + 1) & 1  # words 5-7 of rank 0's descriptor are its report
             if self.rank == 0:
                 nonce = int.from_bytes(os.urandom(8), "little")

@@ -12,38 +12,12 @@ cdef _rendezvous(Communicator self, size_t slot_bytes, size_t ring_bytes, size_t
     # on every rank, so that settings that cannot fit fail each at once, not only rank 0
     cdef size_t total = _layout(self, slot_bytes, ring_bytes)
     if self.rank == 0:
-        while True:
-            try:
-                self.seg = Segment.create(name, total)
-                break
-            except FileExistsError:  # only where segments are named at once (no O_TMPFILE)
-                _remove_stale(self, name)
-        self.base = self.seg.base
-        self.hdr = <capi.shm_header_t *>self.base
-        self.hdr.version = SHM_VERSION
-        self.hdr.world_size = self.size
-        self.hdr.layout_size = total
-        self.hdr.slot_bytes = self.slot_bytes
-        self.hdr.ring_bytes = self.ring_bytes
-        self.hdr.creator_pid = getpid()
-        self.hdr.small_bytes = self.small_bytes
-        self.hdr.cma_bytes = cma_bytes
-        self.hdr.nonce = int.from_bytes(os.urandom(8), "little")
-        self.hdr.name_salt = int.from_bytes(os.urandom(8), "little")
-        self.hdr.abort_rank = -1
-        _copy_text(self.hdr.job, self.job, 127)
-        _copy_text(self.hdr.boot_id, boot, 63)
-        _copy_text(self.hdr.hostname, host, 63)
-        tag = self.creds.tag(self.job, self.part)
-        memcpy(self.hdr.tag, <char *>tag, 32)
-        self.hdr.self_made = self.creds.self_made
-        capi.shm_store_release64(&self.hdr.magic, SHM_MAGIC)
-        while True:  # the header is complete: now ranks may find it by name
-            try:
-                self.seg.publish()
-                break
-            except FileExistsError:
-                _remove_stale(self, name)
+        try:
+            _create(self, name, host, boot, total, cma_bytes)
+        except BaseException as exc:
+            if self.watch is not None:  # a derived group's members wait for the segment: tell them
+                self.watch.not_made(exc)
+            raise
     else:
         _attach(self, name, deadline, host, boot)
     _register(self)
@@ -68,6 +42,82 @@ cdef _rendezvous(Communicator self, size_t slot_bytes, size_t ring_bytes, size_t
     self.cma_bytes = self.hdr.cma_bytes
     self.cma_ok = self.cma_bytes > 0 and _probe_cma(self)
     capi.shm_store_seq_cst(&self.cb(self.rank).cma_ok, self.cma_ok)  # senders of p2p look
+
+
+
+cdef _create(Communicator self, str name, str host, str boot, size_t total, size_t cma_bytes):
+    """Rank 0: make the segment of ``total`` bytes (laid out: _layout), write its header, then
+    give it its name."""
+    while True:
+        try:
+            self.seg = Segment.create(name, total)
+            break
+        except FileExistsError:  # only where segments are named at once (no O_TMPFILE)
+            _remove_stale(self, name)
+    self.base = self.seg.base
+    self.hdr = <capi.shm_header_t *>self.base
+    self.hdr.version = SHM_VERSION
+    self.hdr.world_size = self.size
+    self.hdr.layout_size = total
+    self.hdr.slot_bytes = self.slot_bytes
+    self.hdr.ring_bytes = self.ring_bytes
+    self.hdr.creator_pid = getpid()
+    self.hdr.small_bytes = self.small_bytes
+    self.hdr.cma_bytes = cma_bytes
+    self.hdr.nonce = int.from_bytes(os.urandom(8), "little")
+    self.hdr.name_salt = int.from_bytes(os.urandom(8), "little")
+    self.hdr.abort_rank = -1
+    _copy_text(self.hdr.job, self.job, 127)
+    _copy_text(self.hdr.boot_id, boot, 63)
+    _copy_text(self.hdr.hostname, host, 63)
+    tag = self.creds.tag(self.job, self.part)
+    memcpy(self.hdr.tag, <char *>tag, 32)
+    self.hdr.self_made = self.creds.self_made
+    capi.shm_store_release64(&self.hdr.magic, SHM_MAGIC)
+    while True:  # the header is complete: now ranks may find it by name
+        try:
+            self.seg.publish()
+            break
+        except FileExistsError:
+            _remove_stale(self, name)
+
+
+
+cdef class _Derivation:
+    """A group made through another (``Communicator.derive``), as its start-up sees that parent.
+    The members waiting for rank 0's segment check (``check``) that no member died and that
+    rank 0 did not fail to make it; rank 0 tells why it failed (``not_made``) in its own control
+    block of the parent, where they look: they raise its cause at once, not a timeout that asks
+    whether rank 0 is running."""
+    cdef Communicator parent
+    cdef list members
+    cdef uint64_t code  # the group's, from its part (name): never 0
+
+    def __init__(self, Communicator parent, list members, str part):
+        import zlib
+        self.parent, self.members = parent, members
+        self.code = (<uint64_t>zlib.crc32(part.encode()) << 1) | 1
+
+    def check(self):
+        """Raise PeerFailureError if a member died, ShmcommError if rank 0 failed to make the
+        segment (with its error's words)."""
+        self.parent.check_alive(self.members)
+        cdef capi.shm_cb_t *c = self.parent.cb(self.members[0])
+        if capi.shm_load_acquire64(&c.not_made) != self.code:
+            return
+        why = (<bytes>c.not_made_why).decode(errors="replace")
+        if capi.shm_load_acquire64(&c.not_made) != self.code:
+            return  # rank 0 wrote another group's failure meanwhile: not ours
+        raise ShmcommError(
+            f"rank 0 of the new group (rank {self.members[0]} of the group it is made from) "
+            f"could not create the new group's shared segment: {why}")
+
+    def not_made(self, exc):
+        """Rank 0: tell the members waiting for the segment that it will not come, and why."""
+        cdef capi.shm_cb_t *c = self.parent.cb(self.parent.rank)
+        capi.shm_store_release64(&c.not_made, 0)  # (readers skip a text being rewritten)
+        _copy_text(c.not_made_why, f"{type(exc).__name__}: {exc}", 231)
+        capi.shm_store_release64(&c.not_made, self.code)
 
 
 
@@ -141,7 +191,7 @@ cdef _attach(Communicator self, str name, double deadline, str host, str boot):
                 _unlink_name_if_nonce(name, _GROUP_NONCE_AT, hdr.nonce)
         seg = None
         if self.watch is not None:
-            self.watch()
+            self.watch.check()
         if time.monotonic() > deadline:
             raise CommTimeoutError(
                 f"rank {self.rank} found no segment from rank 0 of job {self.job!r} within "
@@ -227,7 +277,7 @@ cdef _wait_all_attached(Communicator self, double deadline):
         if not _pid_alive(self.hdr.creator_pid):
             raise peer_failure("init_process_group", 0, self.hdr.creator_pid, "died during start-up")
         if self.watch is not None:  # first: a member's death is why others give up
-            self.watch()
+            self.watch.check()
         _check_joined_alive(self)
         if time.monotonic() > deadline:
             missing = [r for r in range(self.size) if self.cb(r).state != SHM_RANK_ATTACHED]

@@ -10,10 +10,10 @@
 #include <string.h>
 
 #define SHM_MAGIC 0x006D6D6F636D6873ull /* "shmcomm\0" */
-#define SHM_VERSION 8u
+#define SHM_VERSION 9u
 #define SHM_HEAP_MAGIC 0x0070616568636873ull /* "shcheap\0" */
 #define SHM_HEADER_BYTES 4096
-#define SHM_CB_BYTES 512
+#define SHM_CB_BYTES 640
 #define SHM_RING_CTRL_BYTES 256
 #define SHM_DESC_WORDS 8
 #define SHM_P2P_EXPOSURES 32
@@ -82,10 +82,15 @@ typedef struct {
                                 (shm_tag_step): readers wait on it, not on `seq` */
     uint32_t bell;           /* 256: rung when a ring to or from this rank moves (futex word) */
     uint32_t bell_waiters;   /* 260 */
-    uint32_t exposures[SHM_P2P_EXPOSURES]; /* 264: point-to-point buffers of this rank that peers
+    uint64_t not_made;       /* 264: a group made through this one (a sub-group) whose rank 0 this
+                                rank is could not make its segment: that group's code
+                                (_Derivation), stored after not_made_why; 0: none */
+    char not_made_why[232];  /* 272: why, as this rank's error said: its members waiting for the
+                                segment raise it at once instead of at their timeout */
+    char pad1[8];
+    uint32_t exposures[SHM_P2P_EXPOSURES]; /* 512: point-to-point buffers of this rank that peers
                                 may copy into or out of (single copy): a message names slot i and
                                 its generation; the slot's next generation voids it (p2p.pxi) */
-    char pad1[248 - 4 * SHM_P2P_EXPOSURES];
 } shm_cb_t;
 
 /* Control of a single-producer single-consumer byte ring (one per ordered pair of ranks: point to

@@ -3,16 +3,21 @@
 Children are forked (fast, and the function need not be importable); each joins a group under a
 job name unique to the call, runs ``fn(rank, size, *args)``, and sends back its return value or
 its traceback text. A hang becomes a failure after ``timeout`` seconds, with every child killed.
+``shmrun_leave_early`` runs a job under shmrun whose one rank leaves early.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import re
 import signal
+import subprocess
+import sys
 import threading
 import traceback
 import uuid
+from pathlib import Path
 
 import shmcomm as sc
 from shmcomm import segments
@@ -94,3 +99,17 @@ def run_ranks(fn, size: int, *args, timeout: float = 60.0, init: bool = True, en
         raise RankFailed("\n".join(failures))
     assert not left, f"segments left in /dev/shm: {left}"
     return results
+
+
+def shmrun_leave_early(n: int, leaver: int, env: dict | None = None) -> tuple[int, str, str]:
+    """Run tests/launcher_scripts/leave_early.py under ``shmrun -n n``: its exit code, its output,
+    and the leaver's pid as shmrun's summary names it (asserted there: the root cause)."""
+    script = Path(__file__).resolve().parent / "launcher_scripts" / "leave_early.py"
+    done = subprocess.run([sys.executable, "-m", "shmcomm.launch", "-n", str(n), str(script), str(leaver)],
+                          env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=100)
+    out = done.stdout
+    said = re.search(rf"shmrun: rank {leaver} \(pid (\d+)\) exited with code 0 while other ranks "
+                     rf"still needed it: it left the job early", out)
+    assert said, out[-3000:]
+    return done.returncode, out, said.group(1)

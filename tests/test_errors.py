@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import shmcomm as sc
-from harness import RankFailed, run_ranks
+from harness import RankFailed, run_ranks, shmrun_leave_early
 
 
 def _mismatches(rank, size):
@@ -161,6 +161,18 @@ def _abort(rank, size):
     return "aborted"
 
 
+@pytest.mark.timeout(120)
+def test_a_rank_that_leaves_early_is_named_by_its_peers_and_by_shmrun():
+    """Rank 1 returns (exit code 0) while ranks 0 and 2 wait for it in an all_reduce: they name
+    it, and shmrun's summary names it as the cause. Before, the summary blamed a rank that had
+    only failed because rank 1 had left ("rank 2 (pid ...) failed with exit code 1")."""
+    rc, out, pid = shmrun_leave_early(3, 1)
+    assert rc == 1, out[-3000:]
+    for rank in (0, 2):
+        assert f"rank {rank} raised PeerFailureError: all_reduce: rank 1 (pid {pid}) died or left " \
+               "the group" in out, out[-3000:]
+
+
 @pytest.mark.timeout(60)
 def test_abort_fails_pending_and_later_ops_on_every_rank():
     assert run_ranks(_abort, 2) == ["aborted", "aborted"]
@@ -244,6 +256,31 @@ def test_every_rank_gets_the_cause_of_a_failed_shared_allocation(world):
     for text in messages[1:]:
         assert "rank 0 could not create the shared array's segment" in text, text
         assert "bytes free" in text and "docker --shm-size" in text, text
+
+
+def _empty_against_another_collective(rank, size):
+    caught = []
+    for theirs in (lambda: sc.all_reduce(np.ones(4, np.float32)), sc.barrier):
+        with pytest.raises(sc.CollectiveMismatchError) as info:
+            sc.empty(4, np.float32) if rank == 0 else theirs()
+        caught.append(str(info.value))
+    a = sc.empty(4, np.float32)  # every rank names the same heap: the group goes on
+    a[:] = rank
+    sc.all_reduce(a)
+    assert (a == sum(range(size))).all(), a
+    return caught
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world", [2, 3])
+def test_empty_against_another_collective_is_a_mismatch_and_the_next_empty_works(world):
+    """Before, rank 0 counted the heap of its sc.empty that met another collective, its peers
+    did not: the next sc.empty aborted the group with "... is not the one rank 0 created" on
+    the others (UntrustedFileError) and AbortedError on rank 0."""
+    messages = run_ranks(_empty_against_another_collective, world)
+    for ms in messages:
+        assert "rank 0: empty(nbytes=16)" in ms[0] and "all_reduce(dtype=float32, nbytes=16" in ms[0], ms
+        assert "rank 0: empty(nbytes=16)" in ms[1] and "barrier()" in ms[1], ms
 
 
 @pytest.mark.timeout(60)

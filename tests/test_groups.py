@@ -196,3 +196,73 @@ def test_the_engine_between_nodes_is_named_by_shmcomm_link(monkeypatch):
         assert type(pg) is sc.ProcessGroup and pg.size == 1
     finally:
         sc.destroy_process_group()
+
+
+def _new_group_on_a_full_dev_shm(rank, size):
+    """On a /dev/shm of its own (a small tmpfs), rank 0 fills it but for 64 KiB: it cannot make
+    the new group's segment. Returns each rank's error and how long it took to come."""
+    import time
+
+    filler = "/dev/shm/filler"
+    if rank == 0:
+        st = os.statvfs("/dev/shm")
+        fd = os.open(filler, os.O_CREAT | os.O_WRONLY, 0o600)
+        os.posix_fallocate(fd, 0, st.f_bavail * st.f_frsize - (64 << 10))
+        os.close(fd)
+    sc.barrier()
+    start = time.monotonic()
+    try:
+        sc.new_group([0, 1, 2])
+    except sc.ShmcommError as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    else:
+        error = "no error"
+    took = time.monotonic() - start
+    sc.barrier()
+    if rank == 0:
+        os.unlink(filler)
+    sc.barrier()  # the default group goes on
+    return error, took
+
+
+def run_on_a_full_dev_shm():
+    """Inside ``test_new_group_whose_segment_rank_0_cannot_make_fails_at_once``'s namespace:
+    its results as JSON on the last line."""
+    import json
+
+    print(json.dumps(run_ranks(_new_group_on_a_full_dev_shm, 3, env={"SHMCOMM_TIMEOUT": 30},
+                               timeout=90)))
+
+
+@pytest.mark.timeout(120)
+def test_new_group_whose_segment_rank_0_cannot_make_fails_at_once():
+    """Rank 0 of a new group cannot make its segment (a full /dev/shm: a small tmpfs of this
+    test's own, in a mount namespace). Before, the other members waited the whole timeout (30 s)
+    and raised CommTimeoutError asking whether rank 0 was running on this machine; now they
+    raise rank 0's cause at once."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parent
+    sys.path.insert(0, str(tests.parent / "bench"))
+    from simulated_nodes import refusal
+
+    refused = refusal()  # (unshare and a tmpfs mount: the simulated nodes' needs, and these)
+    if refused is not None:
+        pytest.skip(refused)
+    code = f"import sys; sys.path[:0] = [{str(tests)!r}, {str(tests.parent)!r}]; " \
+           "import test_groups; test_groups.run_on_a_full_dev_shm()"
+    done = subprocess.run(["unshare", "--mount", "--fork", "sh", "-c",
+                           'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$0" -c "$1"',
+                           sys.executable, code], capture_output=True, text=True, timeout=110)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    assert results[0][0].startswith("ShmcommError: cannot reserve"), results
+    assert "No space left on device" in results[0][0], results
+    for error, took in results[1:]:
+        assert error.startswith("ShmcommError: rank 0 of the new group (rank 0 of the group it is "
+                                "made from) could not create the new group's shared segment: "
+                                "ShmcommError: cannot reserve"), results
+        assert "No space left on device" in error and took < 10, results

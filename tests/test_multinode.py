@@ -124,6 +124,24 @@ def test_shmrun_stops_every_node_when_one_fails(fail_rank):
     assert took < 60, f"the nodes took {took:.0f} s to stop (the healthy ranks sleep 120 s)"
 
 
+@pytest.mark.timeout(150)
+def test_a_rank_that_leaves_early_is_named_across_nodes():
+    """Rank 3 (node 1's second rank; SHMCOMM_SIMULATE_NODES=2 under one shmrun) returns while
+    the others wait for it in an all_reduce. Its node peer names it as the whole group numbers
+    it, the ranks of node 0 raise PeerFailureError (their link to it closed), and shmrun's
+    summary names it as the cause. Before, its node peer said "rank 1 (pid ...)" (its number in
+    the node group: a live rank of the whole group) and the summary blamed a rank that had only
+    failed because it had left."""
+    from harness import shmrun_leave_early
+
+    rc, out, pid = shmrun_leave_early(4, 3, env={"SHMCOMM_SIMULATE_NODES": "2"})
+    assert rc == 1, out[-3000:]
+    assert re.search(rf"rank 2 raised PeerFailureError: \w+: rank 3 \(pid {pid}\) died or left the "
+                     r"group\n", out), out[-3000:]
+    for rank in (0, 1):
+        assert f"rank {rank} raised PeerFailureError: " in out, out[-3000:]
+
+
 def _read_until(p, marker: str, timeout: float) -> str:
     """Lines of ``p``'s output until one holds ``marker`` (or ``timeout`` seconds pass)."""
     import selectors
@@ -140,23 +158,30 @@ def _read_until(p, marker: str, timeout: float) -> str:
     return seen
 
 
+def check_mismatches(text: str, ranks: int, modes: int = 7) -> None:
+    """Every rank of a mismatch.py job raised CollectiveMismatchError in each of its ``modes``
+    (the script checks, on each rank, that its error names what differed) and its group stayed
+    usable. (tests/test_mpi_link.py repeats this check.)"""
+    for rank in range(ranks):
+        raised = text.count(f"rank {rank} mode ")
+        mismatches = len(re.findall(rf"rank {rank} mode [\w ]+ raised CollectiveMismatchError: ", text))
+        assert raised == mismatches == modes, f"rank {rank}:\n{text[-4000:]}"
+        assert f"rank {rank} mismatch ok: {modes} modes" in text, f"rank {rank}:\n{text[-4000:]}"
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode", ["sizes", "dtypes", "kinds"])
-def test_mismatched_collectives_across_nodes_raise_on_every_rank(mode):
-    """Node 1 calls another size, dtype (same bytes) or collective than node 0 (mismatch.py
-    also has a "large" mode, sharded along the rails: it passes, left out for time). Before, a rank
-    died with SIGABRT inside gloo (sizes), every rank got garbage (dtypes) or the job failed with
-    mixed errors at the timeout (kinds). Now every rank raises at once: the ranks that cross
-    between nodes a CollectiveMismatchError naming both sides, their node peers the same cause
-    through the node group's abort."""
+def test_mismatched_collectives_across_nodes_raise_on_every_rank():
+    """Node 1 calls another size, dtype (same bytes), collective, root or path (8 MiB by shards
+    against 2 MiB by the leaders) than node 0, or one rank that crosses no link differs from its
+    node peer (mismatch.py, one job). Before: a rank died with SIGABRT inside gloo (sizes), every
+    rank got garbage (dtypes) or returned (all_reduce against reduce), the job waited the whole
+    timeout and raised gloo's RuntimeError (roots, paths), and node peers got AbortedError. Now
+    every rank of both nodes raises CollectiveMismatchError at once, naming each rank's call, and
+    the group stays usable."""
     start = time.monotonic()
-    text = run_nodes(str(SCRIPTS / "multinode_scripts" / "mismatch.py"), [2, 2], mode, timeout=200)
+    text = run_nodes(str(SCRIPTS / "multinode_scripts" / "mismatch.py"), [2, 2], timeout=200)
     assert time.monotonic() - start < 50, f"took {time.monotonic() - start:.0f} s (timeout 60 s)"
-    for rank in range(4):
-        line = next((ln for ln in text.splitlines() if f"rank {rank} " in ln and " raised " in ln), None)
-        assert line is not None, f"rank {rank} did not raise:\n{text[-3000:]}"
-        assert "(mismatch)" in line, line
-    assert "CollectiveMismatchError" in text, text[-3000:]
+    check_mismatches(text, 4)
 
 
 @pytest.mark.timeout(300)

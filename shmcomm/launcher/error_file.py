@@ -12,6 +12,7 @@ reason of its own::
     install()                                  # on import of shmcomm, where the variable is set
     record(exc)                                # what the hook does (sc.spawn's ranks call it)
     fallout(os.environ[ENV])                   # launcher: "PeerFailureError: ..." or None
+    peer_pid(os.environ[ENV])                  # launcher: the pid of the peer it names, or None
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ import sys
 import time
 import traceback
 
-from shmcomm.errors import caused_by_peer
+from shmcomm.errors import PeerFailureError, caused_by_peer
 
-__all__ = ["ENV", "record", "install", "fallout"]
+__all__ = ["ENV", "record", "install", "fallout", "peer_pid"]
 
 ENV = "TORCHELASTIC_ERROR_FILE"
 
@@ -54,7 +55,7 @@ def record(exc: BaseException, path: str | None = None) -> None:
                 "timestamp": str(math.ceil(now) if peer else int(now)),
             },
         },
-        "shmcomm": {"peer_failure": peer, "time": now},
+        "shmcomm": {"peer_failure": peer, "time": now, "peer_pid": _peer_pid(exc)},
     }
     try:
         with open(path + ".tmp", "w") as f:
@@ -97,3 +98,29 @@ def fallout(path: str) -> str | None:
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         pass
     return None
+
+
+def _peer_pid(exc: BaseException | None) -> int | None:
+    """The pid of the process a PeerFailureError in ``exc``'s chain names, if it knows it."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, PeerFailureError) and exc.pid > 0:
+            return exc.pid
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def peer_pid(path: str) -> int | None:
+    """Launcher side: the pid of the peer whose death or departure the rank that wrote ``path``
+    failed on, when its error names one; else None. A rank that exited cleanly while its peers
+    still waited for it is found so. Example::
+
+        if peer_pid(error_path) == other.proc.pid: ...   # ``other`` left the job early
+    """
+    try:
+        with open(path) as f:
+            pid = json.load(f)["shmcomm"]["peer_pid"]
+        return pid if isinstance(pid, int) and pid > 0 else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

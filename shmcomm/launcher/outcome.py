@@ -17,7 +17,7 @@ from shmcomm.launcher.config import LaunchConfig
 from shmcomm.launcher.console import Console
 from shmcomm.launcher.node_link import Failure
 
-__all__ = ["Rank", "Outcome", "exit_code", "how_ended", "signal_name", "who", "summarize"]
+__all__ = ["Rank", "Outcome", "exit_code", "how_ended", "left_early", "signal_name", "who", "summarize"]
 
 TAIL_LINES = 20  # stderr lines of a failed rank repeated in the summary
 
@@ -69,6 +69,7 @@ class Outcome:
     stopped: list[int] = field(default_factory=list)  # ranks still running when the job was stopped
     remote: Failure | None = None  # the failure on another node that stopped this one
     fallout: list[Rank] = field(default_factory=list)  # failed before ``failed``, because of it
+    left: Rank | None = None  # exited with 0 while ``failed`` still needed it: the failures' cause
 
 
 def who(cfg: LaunchConfig, rank: int) -> str:
@@ -93,6 +94,12 @@ def how_ended(returncode: int) -> str:
             else f"signal {signal_name(-returncode)} ({-returncode})")
 
 
+def left_early(cfg: LaunchConfig, rk: Rank) -> str:
+    """A rank that exited with 0 while its peers still needed it, in words."""
+    return (f"{who(cfg, rk.rank)} (pid {rk.proc.pid}) exited with code 0 while other ranks still "
+            "needed it: it left the job early")
+
+
 def summarize(console: Console, outcome: Outcome, cfg: LaunchConfig) -> None:
     """Tell the user on ``console`` which rank failed, how, which ranks failed only because of it,
     which were stopped, and where its stderr is (repeating its tail when it was not shown live).
@@ -108,6 +115,8 @@ def summarize(console: Console, outcome: Outcome, cfg: LaunchConfig) -> None:
     rk = outcome.failed
     if rk is None:
         return
+    if outcome.left is not None:
+        console.say(f"{left_early(cfg, outcome.left)}; the ranks below failed because it had")
     console.say(f"{who(cfg, rk.rank)} (pid {rk.proc.pid}) failed with {how_ended(rk.returncode)}")
     if outcome.fallout:
         console.say(f"rank(s) {', '.join(str(o.rank) for o in outcome.fallout)} exited before it, "

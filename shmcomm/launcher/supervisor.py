@@ -32,7 +32,7 @@ from shmcomm.launcher.console import Console, Stream
 from shmcomm.launcher.cpus import format_cpulist, usable_cores
 from shmcomm.launcher.environment import binding_plan, free_port, job_name, rank_environment
 from shmcomm.launcher.node_link import Failure, NodeLink
-from shmcomm.launcher.outcome import Outcome, Rank, exit_code, how_ended, signal_name, who
+from shmcomm.launcher.outcome import Outcome, Rank, exit_code, how_ended, left_early, signal_name, who
 from shmcomm.launcher.process_tree import (
     descendants,
     group_alive,
@@ -82,6 +82,7 @@ class Supervisor:
         self.sel = selectors.DefaultSelector()
         self.streams: dict[int, Stream] = {}
         self.failed: Rank | None = None  # the root cause, once chosen
+        self.left: Rank | None = None    # a rank that exited with 0 while ``failed`` needed it
         self.failures: list[Rank] = []   # failed ranks in the order they exited, till then
         self.blame_by: float | None = None  # when to blame the first failure, for want of a cause
         self.error_dir = tempfile.mkdtemp(prefix="shmrun-errors-")  # mode 0700
@@ -177,7 +178,8 @@ class Supervisor:
             return Outcome(self.remote.code, None, None, self.stopped, self.remote)
         if self.failed is not None:
             return Outcome(exit_code(self.failed.returncode), self.failed, self.launcher_signal,
-                            self.stopped, fallout=self.failures[:self.failures.index(self.failed)])
+                            self.stopped, fallout=self.failures[:self.failures.index(self.failed)],
+                            left=self.left)
         if self.launcher_signal is not None:
             return Outcome(128 + self.launcher_signal, None, self.launcher_signal)
         return Outcome(0)
@@ -256,12 +258,20 @@ class Supervisor:
                 and self.kill_at is None)
 
     def _blame(self, rk: Rank) -> None:
-        """``rk`` is the root cause: stop the others, and tell the other nodes."""
+        """``rk`` is the root cause: stop the others, and tell the other nodes. Unless it failed
+        only because a peer did and a failed rank's error names a rank of this node that exited
+        with 0 (it left while its peers still needed it): then that one is, and the summary
+        says so first."""
         self.failed = rk
+        if rk.fallout is not None:
+            named = {error_file.peer_pid(f.error_path) for f in self.failures if f.fallout is not None}
+            self.left = next((o for o in self.ranks if o.returncode == 0 and o.proc.pid in named), None)
         self.stop(signal.SIGTERM)
         if self.link is not None:
             rank = self.cfg.node_rank * self.cfg.nproc + rk.rank
             self.link.report_failure(exit_code(rk.returncode),
+                                     f"{left_early(self.cfg, self.left)} (node {self.cfg.node_rank})"
+                                     if self.left is not None else
                                      f"rank {rank} (pid {rk.proc.pid}) on node "
                                      f"{self.cfg.node_rank} failed with {how_ended(rk.returncode)}")
 

@@ -9,7 +9,12 @@ the node results in one order, the same on every rank of a rail. AVG is SUM then
 the group size; PREMUL_SUM scales inside the node and sums across. Half types round between the
 two stages. When nodes hold different numbers of ranks no rail layout fits, and every collective
 goes through the world link. Operations run in issue order on the node group's progress engine,
-so ``async_op=True`` returns a Work as on one node::
+so ``async_op=True`` returns a Work as on one node.
+
+Before its steps, every composed call compares the descriptor of the call (kind, dtype, bytes,
+op, root, piece sizes) of every rank of every node (``_descriptors``): which links and node
+steps a call takes depends on those, so ranks that called different things would otherwise
+wait on different links until the timeout, or return wrong results without an error::
 
     h = HierarchicalComm(topology, rank, node_comm, rail, world)
     h.all_reduce(x, 0)                          # SUM, synchronous
@@ -19,12 +24,13 @@ so ``async_op=True`` returns a Work as on one node::
 from __future__ import annotations
 
 import threading
+from typing import NoReturn
 
 import numpy as np
 
 import shmcomm._core as _core
 import shmcomm.multinode.uneven as uneven
-from shmcomm.multinode.link import lost_peer
+from shmcomm.multinode.link import check_same, descriptor, lost_peer
 from shmcomm.errors import PeerFailureError, ShmcommError
 from shmcomm.multinode.scratch import Scratch
 from shmcomm.multinode.topology import Topology
@@ -61,17 +67,22 @@ def flat(array, argname: str = "array", writable: bool = False) -> np.ndarray:
 
 def name_in_whole_group(exc: PeerFailureError, rank: int) -> None:
     """Renumber a death met in one level's group (or learnt of from a peer's abort of it), which
-    numbers its ranks from 0, as the whole group's ``rank``: ``exc.rank``, and its text says so.
+    numbers its ranks from 0, as the whole group's ``rank``: ``exc.rank``, and its text (which
+    would otherwise name a live rank of the whole group that has the level's number: a rank that
+    left early was blamed on another).
 
     Example::
 
         >>> e = PeerFailureError("all_reduce: rank 1 (pid 42) died or left the group", 1, 42)
         >>> name_in_whole_group(e, 3); (e.rank, str(e))
-        (3, 'all_reduce: rank 1 (pid 42) died or left the group [rank 3 of the whole group]')
+        (3, 'all_reduce: rank 3 (pid 42) died or left the group')
     """
     if rank >= 0 and rank != exc.rank:
+        said, text = f"rank {exc.rank} (pid {exc.pid})", exc.args[0]
+        text = (text.replace(said, f"rank {rank} (pid {exc.pid})", 1) if said in text
+                else f"{text} [rank {rank} of the whole group]")
         exc.rank = rank
-        exc.args = (f"{exc.args[0]} [rank {rank} of the whole group]", *exc.args[1:])
+        exc.args = (text, *exc.args[1:])
 
 
 def numpy_bfloat16():
@@ -174,6 +185,8 @@ class HierarchicalComm:
         self._flat = not topology.even  # no rail layout: everything over the world link
         self._first_of = topology.first_of
         self._consecutive = topology.consecutive
+        # row n * L + l of the leaders' table of descriptors is rank nodes[n][l]'s
+        self._node_major = [r for members in topology.nodes for r in members]
         self._scratch = Scratch()  # the stage between the node and the rails
 
     def close(self, graceful: bool = True) -> None:
@@ -189,35 +202,72 @@ class HierarchicalComm:
                 link.close()
             self._scratch.release()
 
-    def _run(self, fn, args: tuple, outputs: list, async_op: bool):
-        return self._local.submit(self._composite, (fn, args), outputs, async_op)
+    def _run(self, fn, args: tuple, outputs: list, async_op: bool, call: np.ndarray):
+        """Queue ``fn(*args)`` on the node group's engine as one composed call described by
+        ``call`` (a ``link.descriptor``)."""
+        return self._local.submit(self._composite, (fn, args, call), outputs, async_op)
 
-    def _composite(self, fn, args: tuple) -> None:
-        """Run one composite collective; if it fails on this rank, abort the node group with the
-        cause. Its node peers may be waiting in (or about to enter) a node step that this rank
-        will never reach: without the abort they would pair it with the next operation and
-        report a mismatch, or wait out the timeout, instead of the real cause (a peer's death
-        reaches them as the PeerFailureError it is)."""
+    def _composite(self, fn, args: tuple, call: np.ndarray) -> None:
+        """Run one composite collective once every rank's descriptor matched ``call``. A
+        mismatch raises CollectiveMismatchError on every rank alike, in step, so the group stays
+        usable. Any other failure aborts the node group with the cause (``_fail``)."""
+        try:
+            rows = self._descriptors(call)
+        except BaseException as exc:
+            self._fail(exc)
+        check_same(rows, "ranks", "rank")
         try:
             fn(*args)
         except BaseException as exc:
-            failure = lost_peer(exc) or exc  # a death on another node, as its link said it
-            if isinstance(failure, PeerFailureError) and failure.pid > 0:  # a death on this node
-                local = self._local.rank_of_pid(failure.pid)
-                if local >= 0:
-                    name_in_whole_group(failure, self.topology.nodes[self._node][local])
-            self._local.abort(f"{type(failure).__name__} on rank {self.rank} (node {self._node}): "
-                              f"{str(failure)[:400]}", failure)
-            if failure is exc:
-                raise
-            raise failure from exc
+            self._fail(exc)
+
+    def _descriptors(self, call: np.ndarray) -> np.ndarray:
+        """Every rank's ``call``, in rank order, on every rank. One small exchange between
+        nodes, by the leaders (local rank 0) along rail 0: the one each link call cost when the
+        links checked their own (they do not here: ``link.connect(checked=False)``); plus two
+        small node steps. Over the world link when there are no rails."""
+        rows = np.empty((self.size, call.size), np.int64)
+        if self._flat:
+            self._world.all_gather_into(rows.reshape(-1), call)
+            return rows
+        # 1. the node's descriptors on every rank of the node
+        # 2. the leaders all-gather their nodes' along rail 0 (node order)
+        # 3. the leader's table to the node
+        node = np.empty((self._L, call.size), np.int64) if self._L > 1 else call
+        if self._L > 1:
+            self._local.all_gather(list(node), call)  # the list form: never composed (NUMA)
+        table = np.empty((self.size, call.size), np.int64)
+        if self._l == 0:
+            self._rail.all_gather_into(table.reshape(-1), node.reshape(-1))
+        if self._L > 1:
+            self._local.broadcast(table, 0, False)
+        rows[self._node_major] = table
+        return rows
+
+    def _fail(self, exc: BaseException) -> NoReturn:
+        """Abort the node group with ``exc``'s cause and raise it. This rank's node peers may be
+        waiting in (or about to enter) a node step that it will never reach: without the abort
+        they would pair it with the next operation and report a mismatch, or wait out the
+        timeout, instead of the real cause (a peer's death reaches them as the PeerFailureError
+        it is)."""
+        failure = lost_peer(exc) or exc  # a death on another node, as its link said it
+        if isinstance(failure, PeerFailureError) and failure.pid > 0:  # a death on this node
+            local = self._local.rank_of_pid(failure.pid)
+            if local >= 0:
+                name_in_whole_group(failure, self.topology.nodes[self._node][local])
+        self._local.abort(f"{type(failure).__name__} on rank {self.rank} (node {self._node}): "
+                          f"{str(failure)[:400]}", failure)
+        if failure is exc:
+            raise exc
+        raise failure from exc
 
     # ---- all_reduce ------------------------------------------------------------------------
     def all_reduce(self, array, op: int = _SUM, async_op: bool = False, factor: float = 1.0):
         """Reduce ``array`` in place over every rank of every node."""
         a = flat(array, writable=True)
         _check_op(a, op)
-        return self._run(self.all_reduce_steps, (a, op, factor), [array], async_op)
+        return self._run(self.all_reduce_steps, (a, op, factor), [array], async_op,
+                         descriptor("all_reduce", a, op))
 
     def all_reduce_steps(self, a: np.ndarray, op: int, factor: float) -> None:
         """all_reduce's steps on the calling thread, which runs them as one operation of some
@@ -273,7 +323,8 @@ class HierarchicalComm:
         _check_rank(dst, self.size, "dst")
         a = flat(array, writable=True)
         _check_op(a, op)
-        return self._run(self._reduce, (a, dst, op, factor), [array], async_op)
+        return self._run(self._reduce, (a, dst, op, factor), [array], async_op,
+                         descriptor("reduce", a, op, dst))
 
     def _reduce(self, a: np.ndarray, dst: int, op: int, factor: float) -> None:
         # 1. all_reduce of a copy  2. the destination keeps it
@@ -291,7 +342,8 @@ class HierarchicalComm:
             raise ValueError(f"input must hold world_size * {out.size} = {out.size * self.size} "
                              f"{out.dtype} elements, got {inp.size} {inp.dtype}")
         _check_op(out, op)
-        return self._run(self.reduce_scatter_steps, (out, inp, op, factor), [output], async_op)
+        return self._run(self.reduce_scatter_steps, (out, inp, op, factor), [output], async_op,
+                         descriptor("reduce_scatter", inp, op))
 
     def reduce_scatter(self, output, input_list, op: int = _SUM, async_op: bool = False,
                        factor: float = 1.0):
@@ -301,8 +353,11 @@ class HierarchicalComm:
         out = flat(output, "output", writable=True)
         if len(ins) == self.size and any(a.size != out.size for a in ins):
             _check_op(out, op)
+            sizes = [a.size for a in ins]
             return self._run(uneven.reduce_scatter_list, (self._exchange, out, ins, op, factor,
-                                                          self.rank, self.size), [output], async_op)
+                                                          self.rank, self.size), [output], async_op,
+                             descriptor("reduce_scatter", out, op, nbytes=sum(sizes) * out.itemsize,
+                                        counts=sizes))
         if len(ins) != self.size:
             raise ValueError(f"input_list must hold world_size={self.size} arrays, got {len(ins)}")
         return self.reduce_scatter_into(output, np.concatenate(ins), op, async_op, factor)
@@ -313,7 +368,8 @@ class HierarchicalComm:
         out = flat(output, "output", writable=True)
         _check_op(out, op)
         args = (self._exchange, out, flat(input, "input"), counts, op, factor, self.rank, self.size)
-        return self._run(uneven.reduce_scatter_v, args, [output], async_op)
+        return self._run(uneven.reduce_scatter_v, args, [output], async_op,
+                         descriptor("reduce_scatter_v", args[2], op, counts=counts))
 
     def reduce_scatter_steps(self, out: np.ndarray, inp: np.ndarray, op: int, factor: float) -> None:
         """reduce_scatter_into's steps on the calling thread (as ``all_reduce_steps``)."""
@@ -374,7 +430,8 @@ class HierarchicalComm:
         """Copy rank ``src``'s array into every rank's."""
         _check_rank(src, self.size, "src")
         a = flat(array, writable=self.rank != src)
-        return self._run(self._broadcast, (a, src), [array], async_op)
+        return self._run(self._broadcast, (a, src), [array], async_op,
+                         descriptor("broadcast", a, root=src))
 
     def _broadcast(self, a: np.ndarray, src: int) -> None:
         # 1. along the source's rail (its local index on every node)  2. inside each node
@@ -392,15 +449,18 @@ class HierarchicalComm:
         if out.size != a.size * self.size or out.dtype != a.dtype:
             raise ValueError(f"output must hold world_size * {a.size} = {a.size * self.size} "
                              f"{a.dtype} elements, got {out.size} {out.dtype}")
-        return self._run(self.all_gather_steps, (out, a), [output], async_op)
+        return self._run(self.all_gather_steps, (out, a), [output], async_op,
+                         descriptor("all_gather", out))
 
     def all_gather(self, output_list, array, async_op: bool = False):
         """``output_list[q]`` = rank q's ``array`` (pieces may differ in size, as torch allows)."""
         outs = [flat(o, "output_list[i]", writable=True) for o in output_list]
         a = flat(array)
         if any(o.size != a.size for o in outs):
+            sizes = [o.size for o in outs]
             return self._run(uneven.all_gather_list, (self._exchange, outs, a, self.rank, self.size),
-                             list(output_list), async_op)
+                             list(output_list), async_op,
+                             descriptor("all_gather", a, nbytes=sum(sizes) * a.itemsize, counts=sizes))
         if len(outs) != self.size:
             raise ValueError(f"output_list must hold world_size={self.size} arrays, got {len(outs)}")
         whole = np.empty(a.size * self.size, a.dtype)
@@ -409,13 +469,15 @@ class HierarchicalComm:
             self.all_gather_steps(whole, a)
             for o, part in zip(outs, _pieces(whole, [a.size] * self.size)):
                 o[...] = part
-        return self._run(gather_then_split, (), list(output_list), async_op)
+        return self._run(gather_then_split, (), list(output_list), async_op,
+                         descriptor("all_gather", whole))
 
     def all_gather_v(self, output, array, counts, displs=None, async_op: bool = False):
         """MPI's Allgatherv: rank q's ``array`` at element ``displs[q]`` of every ``output``."""
         args = (self._exchange, flat(output, "output", writable=True), flat(array), counts, displs,
                 self.rank, self.size)
-        return self._run(uneven.all_gather_v, args, [output], async_op)
+        return self._run(uneven.all_gather_v, args, [output], async_op,
+                         descriptor("all_gather_v", args[2], nbytes=0, counts=counts))
 
     def all_gather_steps(self, out: np.ndarray, a: np.ndarray) -> None:
         """all_gather_into's steps on the calling thread (as ``all_reduce_steps``)."""
@@ -455,16 +517,18 @@ class HierarchicalComm:
         _check_root_only(gather_list, self.rank == dst, "gather_list", "dst")
         outs = ([flat(o, "gather_list[i]", writable=True) for o in gather_list]
                 if gather_list is not None else None)
-        return self._run(self._world.gather, (flat(array), outs, dst), list(gather_list or []),
-                         async_op)
+        a = flat(array)
+        return self._run(self._world.gather, (a, outs, dst), list(gather_list or []), async_op,
+                         descriptor("gather", a, root=dst))
 
     def scatter(self, array, scatter_list, src: int, async_op: bool = False):
         """Rank q's ``array`` = ``scatter_list[q]`` of rank ``src``."""
         _check_rank(src, self.size, "src")
         _check_root_only(scatter_list, self.rank == src, "scatter_list", "src")
         ins = [flat(a, "scatter_list[i]") for a in scatter_list] if scatter_list is not None else None
-        return self._run(self._world.scatter, (flat(array, writable=True), ins, src), [array],
-                         async_op)
+        a = flat(array, writable=True)
+        return self._run(self._world.scatter, (a, ins, src), [array], async_op,
+                         descriptor("scatter", a, root=src))
 
     def gather_v(self, array, output, counts, displs, dst: int, async_op: bool = False):
         """MPI's Gatherv on rank ``dst``."""
@@ -472,7 +536,8 @@ class HierarchicalComm:
         _check_root_only(output, self.rank == dst, "output", "dst")
         args = (self._exchange, flat(array), None if output is None else flat(output, "output", True),
                 counts, displs, dst, self.rank, self.size)
-        return self._run(uneven.gather_v, args, [output], async_op)
+        return self._run(uneven.gather_v, args, [output], async_op,
+                         descriptor("gather_v", args[1], root=dst, nbytes=0))
 
     def scatter_v(self, output, input, counts, displs, src: int, async_op: bool = False):
         """MPI's Scatterv from rank ``src``."""
@@ -481,7 +546,8 @@ class HierarchicalComm:
         args = (self._exchange, flat(output, "output", writable=True),
                 None if input is None else flat(input, "input"), counts, displs, src, self.rank,
                 self.size)
-        return self._run(uneven.scatter_v, args, [output], async_op)
+        return self._run(uneven.scatter_v, args, [output], async_op,
+                         descriptor("scatter_v", args[1], root=src, nbytes=0))
 
     # ---- all_to_all: over the world link ----------------------------------------------------
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None,
@@ -490,8 +556,9 @@ class HierarchicalComm:
         out, inp = flat(output, "output", writable=True), flat(input, "input")
         out_splits = _splits(output_split_sizes, out.size, self.size, "output_split_sizes")
         in_splits = _splits(input_split_sizes, inp.size, self.size, "input_split_sizes")
+        # (sizes differ by rank: the link's engine checks each pair's)
         return self._run(self._world.all_to_all_single, (out, inp, out_splits, in_splits), [output],
-                         async_op)
+                         async_op, descriptor("all_to_all", inp, nbytes=0))
 
     def all_to_all(self, output_list, input_list, async_op: bool = False):
         """``output_list[q]`` = rank q's ``input_list[rank]``."""
@@ -507,12 +574,13 @@ class HierarchicalComm:
             self._world.all_to_all_single(whole_out, np.concatenate(ins), out_splits, in_splits)
             for o, part in zip(outs, _pieces(whole_out, out_splits)):
                 o[...] = part
-        return self._run(exchange, (), list(output_list), async_op)
+        return self._run(exchange, (), list(output_list), async_op,
+                         descriptor("all_to_all", whole_out, nbytes=0))
 
     # ---- barrier ---------------------------------------------------------------------------
     def barrier(self, async_op: bool = False):
         """Return once every rank of every node called it."""
-        return self._run(self._barrier, (), [], async_op)
+        return self._run(self._barrier, (), [], async_op, descriptor("barrier"))
 
     def _barrier(self) -> None:
         # 1. inside the node  2. along rail 0  3. inside the node (nobody leaves before rail 0 did)

@@ -105,6 +105,9 @@ class _GlooRequest:
 class GlooLink:
     """One inter-node communicator: a torch ``ProcessGroupGloo`` over ``size`` ranks.
 
+    ``checked``: each collective first compares every rank's descriptor (``_agree``); off for
+    the composition, which compares each composed call's once, before any link moves data.
+
     A two-rank link that carries no users' messages (``carries_p2p=False``: the rails) reduces
     and gathers by swapping values with its peer and running shmcomm's kernel; other links use
     gloo's collectives, and reductions gloo has no kernel for (int16, unsigned wide types, bool,
@@ -118,12 +121,12 @@ class GlooLink:
     """
 
     def __init__(self, store, prefix: str, rank: int, size: int, timeout: float,
-                 carries_p2p: bool = False):
+                 carries_p2p: bool = False, checked: bool = True):
         import torch.distributed as dist
 
         self._dist = dist
         self._ops = _gloo_ops()
-        self.rank, self.size = rank, size
+        self.rank, self.size, self._checked = rank, size, checked
         # swaps are tagged point-to-point messages: only on a link no user message could match
         self._swaps = size == 2 and not carries_p2p
         self._scratch = Scratch()  # what a swap receives
@@ -136,13 +139,11 @@ class GlooLink:
         size, op and root, before any data moves (``link.check_same``). (Unchecked, gloo aborted
         the process on different sizes and reduced the bytes of different dtypes into garbage.)
         One small exchange: a swap on two-rank rails, an all-gather elsewhere."""
+        if not self._checked:
+            return
         mine = descriptor(kind, a, op, root, nbytes)
         every = np.empty((self.size, mine.size), np.int64)
-        if self._swaps:
-            self._swap(mine, every[1 - self.rank])
-            every[self.rank] = mine
-        else:
-            self._pg._allgather_base(_from_numpy(every.reshape(-1)), _from_numpy(mine)).wait()
+        self._all_gather_into(every.reshape(-1), mine)
         check_same(every)
 
     def _op(self, op: int):
@@ -304,9 +305,10 @@ def launch(name: str | None, timeout: float | None) -> Launch | None:
                   "this machine: fix the launch environment")
 
 
-def connect(meeting, timeout: float, rails: list[list[int]] | None):
+def connect(meeting, timeout: float, rails: list[list[int]] | None, checked: bool = True):
     """This rank's rail link (None without ``rails``) and the world link, over the store of
-    ``meeting`` (a ``StoreMeeting``) under its key. Collective over the meeting.
+    ``meeting`` (a ``StoreMeeting``) under its key (``checked``: as ``GlooLink``'s). Collective
+    over the meeting.
 
     Example::
 
@@ -320,6 +322,7 @@ def connect(meeting, timeout: float, rails: list[list[int]] | None):
     if rails:
         index = next(i for i, members in enumerate(rails) if rank in members)
         rail = GlooLink(meeting.store, f"{meeting.key}/rail{index}/", rails[index].index(rank),
-                        len(rails[index]), timeout)
-    world = GlooLink(meeting.store, f"{meeting.key}/world/", rank, size, timeout, carries_p2p=True)
+                        len(rails[index]), timeout, checked=checked)
+    world = GlooLink(meeting.store, f"{meeting.key}/world/", rank, size, timeout, carries_p2p=True,
+                     checked=checked)
     return rail, world

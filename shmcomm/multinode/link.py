@@ -136,9 +136,10 @@ class Engine(Protocol):
         the environment says one node (a plain shared-memory group follows)."""
         ...
 
-    def connect(self, meeting: Meeting, timeout: float,
-                rails: list[list[int]] | None) -> tuple[Link | None, Link]:
-        """This rank's rail link (None without ``rails``) and the world link; collective."""
+    def connect(self, meeting: Meeting, timeout: float, rails: list[list[int]] | None,
+                checked: bool = True) -> tuple[Link | None, Link]:
+        """This rank's rail link (None without ``rails``) and the world link; collective.
+        ``checked``: each link collective compares its ranks' descriptors first."""
         ...
 
 
@@ -166,23 +167,28 @@ def engine() -> Any:
     return importlib.import_module(ENGINES[engine_name()])
 
 
-def connect(meeting: Meeting, timeout: float, rails: list[list[int]] | None) -> tuple[Link | None, Link]:
+def connect(meeting: Meeting, timeout: float, rails: list[list[int]] | None,
+            checked: bool = True) -> tuple[Link | None, Link]:
     """This rank's rail link (None without ``rails``) and the world link, by the engine
     ``SHMCOMM_LINK`` names. ``rails`` lists the meeting's ranks of each rail; every rank of the
     meeting calls this with the same ``rails`` (each link is a collective rendezvous).
+    ``checked``: before each collective, a link's ranks compare their descriptors (one small
+    exchange); False for a caller that checks each of its calls once itself (the composition).
 
     Example::
 
         rail, world = connect(meeting, 60.0, [[0, 2], [1, 3]])
     """
-    return engine().connect(meeting, timeout, rails)
+    return engine().connect(meeting, timeout, rails, checked)
 
 
-# ---- every link checks that its ranks called the same collective --------------------------------
-# Link collectives by descriptor code; before each one, a link's ranks exchange
-# (kind, dtype, bytes, op, root) and compare (``descriptor``, ``check_same``).
+# ---- every rank called the same collective: call descriptors ------------------------------------
+# A descriptor is what a rank is about to do, as 6 int64: (kind, dtype, bytes, op, root, counts).
+# Ranks compare theirs before any data moves: the composition once per composed call, a link
+# made with ``checked=True`` before each of its collectives.
 KINDS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter",
-         "barrier")
+         "barrier", "reduce", "all_gather_v", "gather_v", "scatter_v", "reduce_scatter_v")
+_FIELDS = ("kind", "dtype", "nbytes", "op", "root", "counts")
 
 
 def _dtype_code(dtype: np.dtype) -> int:
@@ -190,25 +196,38 @@ def _dtype_code(dtype: np.dtype) -> int:
     return zlib.crc32(dtype.name.encode())
 
 
+def _counts_code(counts) -> int:
+    """The same number for the same piece sizes in every process (0: none given, or sizes the
+    call's own checks will refuse)."""
+    if counts is None:
+        return 0
+    try:
+        return zlib.crc32(np.asarray(counts, np.int64).tobytes()) or 1
+    except (TypeError, ValueError, OverflowError):
+        return 0
+
+
 def descriptor(kind: str, a: np.ndarray | None = None, op: int = -1, root: int = -1,
-               nbytes: int | None = None) -> np.ndarray:
-    """What this rank is about to do on a link, as 5 int64: kind, dtype, bytes, op, root.
+               nbytes: int | None = None, counts=None) -> np.ndarray:
+    """What this rank is about to do, as 6 int64: kind, dtype, bytes, op, root, and a code of
+    the piece sizes ``counts`` that every rank passes alike (uneven forms; 0 without).
 
     Example::
 
         >>> descriptor("broadcast", np.zeros(4, np.float32), root=1).tolist()[2:]
-        [16, -1, 1]
+        [16, -1, 1, 0]
     """
     if nbytes is None:
         nbytes = a.nbytes if a is not None else 0
     code = _dtype_code(a.dtype) if a is not None else 0
-    return np.array([KINDS.index(kind), code, nbytes, op, root], np.int64)
+    return np.array([KINDS.index(kind), code, nbytes, op, root, _counts_code(counts)], np.int64)
 
 
 def check_same(rows: np.ndarray, who: str = "ranks on different nodes", unit: str = "link rank") -> None:
-    """CollectiveMismatchError naming every rank's call unless all ``rows`` (one ``descriptor``
-    per link rank) are equal: raised on every rank of the link, as on one node. ``who`` and
-    ``unit`` word the message (the NUMA composition's check says "rank").
+    """CollectiveMismatchError unless all ``rows`` (one ``descriptor`` per rank, row q for
+    ``unit`` q) are equal, naming what differs and each rank's call (ranks that called the same
+    thing on one line): every rank that compares the same rows raises the same error, as on one
+    node. ``who`` and ``unit`` word the message.
 
     Example::
 
@@ -220,19 +239,38 @@ def check_same(rows: np.ndarray, who: str = "ranks on different nodes", unit: st
 
     names = {zlib.crc32(name.encode()): name for name in DTYPE_NAMES}
     names.update({_dtype_code(np.dtype(n)): n for n in DTYPE_NAMES if n != "bfloat16"})
-    lines = [f"{unit} {q}: {_describe(row.tolist(), names)}" for q, row in enumerate(rows)]
-    raise CollectiveMismatchError(f"{who} called different collectives or arguments:\n  "
-                                  + "\n  ".join(lines))
+    calls: dict[str, list[int]] = {}
+    for q, row in enumerate(rows):
+        calls.setdefault(_describe(row.tolist(), names), []).append(q)
+    differ = [f for w, f in enumerate(_FIELDS) if (rows[:, w] != rows[0, w]).any()]
+    lines = [f"{unit}{'s' if len(qs) > 1 else ''} {_spans(qs)}: {call}" for call, qs in calls.items()]
+    raise CollectiveMismatchError(f"{who} called different collectives or arguments (they differ "
+                                  f"in {', '.join(differ)}):\n  " + "\n  ".join(lines))
+
+
+def _spans(ranks: list[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``'0-2, 5'``."""
+    spans: list[list[int]] = []
+    for r in ranks:
+        if spans and spans[-1][1] == r - 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def _describe(row: list[int], dtype_names: dict[int, str]) -> str:
-    kind, dtype, nbytes, op, root = row
+    from shmcomm._core import OP_NAMES
+
+    kind, dtype, nbytes, op, root, counts = row
     name = KINDS[kind] if 0 <= kind < len(KINDS) else f"kind {kind}"
     args = [f"dtype={dtype_names.get(dtype, dtype)}", f"nbytes={nbytes}"]
     if op >= 0:
-        args.append(f"op={op}")
+        args.append(f"op={OP_NAMES[op] if op < len(OP_NAMES) else op}")
     if root >= 0:
         args.append(f"root={root}")
+    if counts:
+        args.append(f"counts=#{counts & 0xffffffff:08x}")
     return f"{name}({', '.join(args)})"
 
 
