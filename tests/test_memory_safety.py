@@ -381,38 +381,43 @@ def test_a_peer_stopped_in_a_copy_is_killed_and_the_error_kept(tmp_path):
 
 
 def _throttled_peer(rank, size):
-    """Rank 1 runs at a sliver of a CPU (rank 0 stops and continues it, 30 ms / 5 ms, as a
-    container's CPU quota would) in a large single-copy all_reduce that outlasts the timeout.
-    Rank 0 times out and withdraws while rank 1 copies: rank 1 still makes progress, so it must
-    see the withdrawal and raise, not be killed (it held one lease for its whole copy, and was
-    killed once that lease outlasted the timeout)."""
+    """Rank 1 runs at a sliver of a CPU (rank 0 stops and continues it, 100 ms / 2 ms, as a
+    container's CPU quota would) inside a large zero-copy all_gather_into, writing its 256 MiB
+    into rank 0's sc.empty output, which outlasts the timeout. Rank 0 times out and withdraws
+    while rank 1 copies: rank 1 still makes progress, so it must see the withdrawal and raise,
+    not be killed (it held one lease for its whole copy, and was killed once that lease
+    outlasted the timeout)."""
     import threading
 
     pids = [None] * size
     sc.all_gather_object(pids, os.getpid())
-    x = np.ones(64 << 20, np.float32)  # 256 MiB
+    n = 64 << 20  # 256 MiB of float32 per rank
+    out = sc.empty(n * size, np.float32)
+    mine = np.ones(n, np.float32)
     done = threading.Event()
+    sc.barrier()
     if rank == 0:
         def throttle():
+            time.sleep(0.01)  # rank 1 is past the call's first step, inside its copy
             while not done.is_set():
                 os.kill(pids[1], signal.SIGSTOP)
-                time.sleep(0.03)
+                time.sleep(0.1)
                 os.kill(pids[1], signal.SIGCONT)
-                time.sleep(0.005)
+                time.sleep(0.002)
         threading.Thread(target=throttle, daemon=True).start()
     try:
-        sc.all_reduce(x)
+        sc.all_gather_into(out, mine)
         outcome = "completed"
     except sc.ShmcommError as exc:
         outcome = type(exc).__name__
     finally:
         done.set()
     if rank == 0:
-        time.sleep(0.1)
+        time.sleep(0.2)
         os.kill(pids[1], signal.SIGCONT)
-        x[...] = -1
+        out[...] = -1
         time.sleep(1.0)
-        return outcome, int(np.count_nonzero(x != -1))
+        return outcome, int(np.count_nonzero(out != -1))
     return outcome, 0
 
 
