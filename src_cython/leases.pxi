@@ -108,27 +108,35 @@ cdef int _cma(Communicator self, int q, char *local, uint64_t remote, size_t n, 
 
 
 
-cdef void _withdraw(Communicator self) noexcept nogil:
+cdef void _withdraw(Communicator self, bint interrupted=False) noexcept nogil:
     """After a failed op that exposed this rank's memory: no peer may touch it from now on.
-    Wait until every live peer's copies under way have ended (``_await_leases``)."""
+    Wait until every live peer's copies under way have ended (``_await_leases``; ``interrupted``:
+    the op failed on Ctrl-C, whose user is not kept waiting for a stuck peer)."""
     cdef int q
     capi.shm_store_seq_cst(&self.cb(self.rank).withdrawn, 1)
     for q in range(self.size):
         if q != self.rank:
-            _await_leases(self, q)
+            _await_leases(self, q, interrupted)
 
 
 
-cdef void _await_leases(Communicator self, int q) noexcept nogil:
+# A withdrawal interrupted by Ctrl-C gives a peer that copies nothing this long, not the timeout.
+cdef uint64_t STUCK_AFTER_SIGNAL_NS = 500 * 1000 * 1000
+
+
+cdef void _await_leases(Communicator self, int q, bint interrupted=False) noexcept nogil:
     """Wait until rank q holds no lease (the copies it has under way ended) or is dead; called
     after this rank withdrew (so q takes no new lease on its memory). A live q ends its lease
     within one chunk (LEASE_CHUNK). One that ends none for the whole timeout is stopped (SIGSTOP,
     a debugger, swapped out) and is killed (_end_stuck_peer), so that it cannot write into memory
     the caller reuses: the policy of NCCL's watchdog, which also tears a stuck process down. A
-    Python signal (Ctrl-C) arriving meanwhile cuts that grace to STUCK_AFTER_SIGNAL_NS."""
+    Ctrl-C (``interrupted``: what failed the op; or arriving meanwhile) cuts that grace to
+    STUCK_AFTER_SIGNAL_NS."""
     cdef capi.shm_cb_t *peer = self.cb(q)
     cdef uint32_t progress = capi.shm_load_seq_cst(&peer.lease_progress), now_progress
     cdef uint64_t quiet_since = capi.shm_now_ns(), grace = capi.shm_span_ns(self.timeout), checked = 0, now
+    if interrupted:
+        grace = min(grace, STUCK_AFTER_SIGNAL_NS)
     while capi.shm_load_seq_cst(&peer.leases) != 0 and not _peer_dead(self, q):
         now = capi.shm_now_ns()
         now_progress = capi.shm_load_seq_cst(&peer.lease_progress)
@@ -143,8 +151,6 @@ cdef void _await_leases(Communicator self, int q) noexcept nogil:
                 grace = min(grace, STUCK_AFTER_SIGNAL_NS)
         usleep(100)
 
-
-cdef uint64_t STUCK_AFTER_SIGNAL_NS = 500 * 1000 * 1000
 
 
 

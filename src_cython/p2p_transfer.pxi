@@ -173,7 +173,7 @@ cdef bint _p2p_read(P2PEngine self, int src) except -1:
             self.incoming[src] = None
             waiting = self.pushes_due.pop((src, inc.msg_id), None)
             if waiting is not None:
-                _p2p_unexpose(self, waiting[2], src, False)  # the sender's write is over
+                _p2p_unexpose(self, waiting[2], src, None)  # the sender's write is over
                 error = waiting[1]
                 if error is None and inc.dtype:
                     error = ShmcommError(f"recv from rank {src}: it could not write into this "
@@ -250,7 +250,7 @@ cdef _p2p_deliver(P2PEngine self, _Incoming inc):
                 if error is None:
                     self.pushes_due[(inc.src, inc.msg_id)] = [op, error, slot]
                 else:  # (a sender that withdrew may never answer the PUSH: fail now)
-                    _p2p_unexpose(self, slot, inc.src, True)
+                    _p2p_unexpose(self, slot, inc.src, error)
                     _p2p_finish_recv(self, op, error, inc.src)
                 return
         read_error = None  # (a mismatch releases the sender: its send completes, as in MPI)
@@ -363,15 +363,16 @@ cdef uint64_t _p2p_expose(P2PEngine self, int *slot):
 
 
 
-cdef _p2p_unexpose(P2PEngine self, int slot, int peer, bint withdraw):
-    """End exposure ``slot``: its next generation voids the buffer for peers. ``withdraw`` (its
+cdef _p2p_unexpose(P2PEngine self, int slot, int peer, error):
+    """End exposure ``slot``: its next generation voids the buffer for peers. With ``error`` (its
     operation failed): also wait until ``peer``'s copies under way have ended, so that nothing
     touches the buffer once the failure is reported (_await_leases: a stuck peer is killed)."""
     cdef Communicator c = self.comm
+    cdef bint interrupted = isinstance(error, KeyboardInterrupt)
     capi.shm_fetch_add(&c.cb(c.rank).exposures[slot], 1)  # seq_cst: see Leases, engine.pxi
-    if withdraw and peer != c.rank:
+    if error is not None and peer != c.rank:
         with nogil:
-            _await_leases(c, peer)
+            _await_leases(c, peer, interrupted)
     self.free_slots |= 1u << slot
 
 
@@ -379,7 +380,7 @@ cdef _p2p_unexpose(P2PEngine self, int slot, int peer, bint withdraw):
 cdef _p2p_end_send(P2PEngine self, _SendOp s, error):
     """Complete a send (error None) or fail it; a single-copy send's buffer exposure ends."""
     if s.slot >= 0:
-        _p2p_unexpose(self, s.slot, s.dst, error is not None)
+        _p2p_unexpose(self, s.slot, s.dst, error)
         s.slot = -1
     _p2p_finish(self, s.future, error, None, -1)
 
@@ -470,8 +471,9 @@ cdef _p2p_check_failures(P2PEngine self):
         r = waiting[0]
         if gone[key[0]] or now >= r.deadline:
             del self.pushes_due[key]
-            _p2p_unexpose(self, waiting[2], key[0], True)
-            _p2p_finish(self, r.future, _p2p_why(self, key[0], gone[key[0]], "recv from"), None, -1)
+            error = _p2p_why(self, key[0], gone[key[0]], "recv from")
+            _p2p_unexpose(self, waiting[2], key[0], error)
+            _p2p_finish(self, r.future, error, None, -1)
     for q in range(c.size):  # receives whose message stopped streaming in part way
         inc = self.incoming[q]
         if inc is not None and inc.target is not None and not inc.dropped and not inc.complete \
@@ -523,7 +525,7 @@ cdef _p2p_fail_all(P2PEngine self, exc):
         _p2p_end_send(self, s, exc)
     pushes_due, self.pushes_due = self.pushes_due, {}
     for key, waiting in pushes_due.items():
-        _p2p_unexpose(self, waiting[2], key[0], True)
+        _p2p_unexpose(self, waiting[2], key[0], exc)
         _p2p_finish(self, (<_RecvOp>waiting[0]).future, exc, None, -1)
     for q in range(self.comm.size):
         inc = self.incoming[q]

@@ -46,9 +46,10 @@ cdef void _run_queued(Communicator self, op_t *o, bint background) noexcept nogi
     self.background = False
     if rc < 0:
         with gil:
-            (<_Call>o.call).error = _fetch_exception()
+            error = (<_Call>o.call).error = _fetch_exception()
+            interrupted = isinstance(error, KeyboardInterrupt)
         if self.published:
-            _withdraw(self)
+            _withdraw(self, interrupted)
         rc = 1  # the head failed; what it failed with decides the rest
     elif k == 1:
         rc = 1
@@ -187,9 +188,10 @@ cdef object _go(Communicator self, _Call call, object owners, object outputs, bi
         if rc < 0:
             # taken before the withdrawal, which may run Python (a message) that would lose it
             error = _fetch_exception()
+            interrupted = isinstance(error, KeyboardInterrupt)
             with nogil:
                 if self.published:
-                    _withdraw(self)
+                    _withdraw(self, interrupted)
                 self.published = False
                 capi.shm_engine_release(&self.engine, call.claim, 0)
             raise error

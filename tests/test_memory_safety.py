@@ -334,7 +334,7 @@ def test_every_survivor_of_a_killed_rank_raises_within_two_seconds(tmp_path):
 
 
 # ---- a peer stopped while it holds a lease (issue 47, findings 8 and 9) ------------------------
-def _stopped_mid_copy(rank, size, delay, stderr_file):
+def _stopped_mid_copy(rank, size, delay, stderr_file, interrupt=False):
     """Rank 1 stops itself (SIGSTOP, as a debugger or a swapped-out process would be) at a
     random moment of a loop of large synchronous single-copy all_reduces. Rank 0 must raise the
     operation's own error (the clean-up that kills a peer stuck in a copy used to lose it: a
@@ -345,15 +345,22 @@ def _stopped_mid_copy(rank, size, delay, stderr_file):
     pids = [None] * size
     sc.all_gather_object(pids, os.getpid())
     x = np.ones(32 << 20, np.float32)  # 128 MiB: most of each call is a copy under a lease
+    sc.barrier()
+    started = time.monotonic()
     if rank == 1:
         fd = os.open(stderr_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(fd, 2)
         threading.Timer(delay, os.kill, (os.getpid(), signal.SIGSTOP)).start()
+    elif interrupt:  # Ctrl-C on rank 0 soon after rank 1 stopped
+        threading.Timer(delay + 0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
     try:
         while True:
             sc.all_reduce(x)
     except BaseException as exc:  # noqa: BLE001 - the class is the test
         error = f"{type(exc).__name__}: {exc}"
+        interrupted_at = time.monotonic()
+    if rank == 0 and interrupt:
+        error += f" after {interrupted_at - started - delay - 0.2:.1f} s"
     x[...] = -1  # the caller reuses its buffer
     time.sleep(0.5)
     written = int(np.count_nonzero(x != -1))
@@ -361,15 +368,22 @@ def _stopped_mid_copy(rank, size, delay, stderr_file):
     return error, written
 
 
-@pytest.mark.timeout(180)
-def test_a_peer_stopped_in_a_copy_is_killed_and_the_error_kept(tmp_path):
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("interrupt", [False, True], ids=["timeout", "ctrl-c"])
+def test_a_peer_stopped_in_a_copy_is_killed_and_the_error_kept(tmp_path, interrupt):
+    """With Ctrl-C on rank 0 (a 10 s timeout): KeyboardInterrupt, raised within about a second
+    (it was a TypeError after the whole timeout)."""
     killed = 0
     for trial, delay in enumerate((0.3, 0.45, 0.6, 0.75, 0.9, 0.4, 0.55, 0.7)):
         stderr_file = tmp_path / f"rank1-{trial}.err"
-        results = run_ranks(_stopped_mid_copy, 2, delay, str(stderr_file), env={"SHMCOMM_TIMEOUT": 1.0},
-                            expect_dead=(1,), timeout=60)
+        results = run_ranks(_stopped_mid_copy, 2, delay, str(stderr_file), interrupt,
+                            env={"SHMCOMM_TIMEOUT": 10.0 if interrupt else 1.0}, expect_dead=(1,), timeout=60)
         error, written = results[0]
-        assert error.startswith(("CommTimeoutError", "PeerFailureError")), error
+        if interrupt:
+            assert error.startswith("KeyboardInterrupt"), error
+            assert float(error.split(" after ")[1][:-2]) < 2.0, error
+        else:
+            assert error.startswith(("CommTimeoutError", "PeerFailureError")), error
         assert written == 0, f"trial {trial}: {written} elements written after the error"
         said = stderr_file.read_text()
         if "killed rank 1" in said:  # stopped inside a copy: killed, and told so
