@@ -382,3 +382,41 @@ def test_unexpected_single_copy_messages_are_bounded():
     _, grew = run_ranks(_unexpected_messages_are_bounded, 2, count, each, bound,
                         env={"SHMCOMM_UNEXPECTED_BYTES": bound, "SHMCOMM_TIMEOUT": 30}, timeout=100)
     assert grew <= bound + (8 << 20), f"the receiver grew by {grew >> 20} MiB (bound {bound >> 20} MiB)"
+
+
+def _sender_stopped_mid_stream(rank, size):
+    """A 64 MiB message streams through the 256 KiB ring (single copy off); rank 1 stops the
+    sender once the message has begun to arrive. Rank 1's receive, matched and part filled, used
+    to wait for the rest for ever; it must fail at its deadline, and the rest, once the sender
+    resumes, must never reach the buffer the user reused."""
+    n = 8 << 20
+    pids = [None] * size
+    sc.all_gather_object(pids, os.getpid())
+    sc.barrier()
+    if rank == 0:
+        try:
+            sc.send(np.ones(n), dst=1)
+            return "sent"
+        except sc.ShmcommError as exc:
+            return type(exc).__name__
+    buf = np.zeros(n)
+    w = sc.irecv(buf, src=0)
+    while buf[0] == 0:  # the message has begun to arrive
+        time.sleep(0.0001)
+    os.kill(pids[0], signal.SIGSTOP)
+    try:
+        w.wait()
+        outcome = "received"
+    except sc.CommTimeoutError:
+        outcome = "timed out"
+    buf[...] = -1  # reused
+    os.kill(pids[0], signal.SIGCONT)
+    time.sleep(1.5)  # the sender writes the rest meanwhile (or gives up)
+    return outcome, int(np.count_nonzero(buf != -1))
+
+
+@pytest.mark.timeout(60)
+def test_a_receive_whose_sender_stops_mid_stream_fails_and_stays_untouched():
+    _, (outcome, written) = run_ranks(_sender_stopped_mid_stream, 2,
+                                      env={"SHMCOMM_TIMEOUT": 1.0, "SHMCOMM_CMA_BYTES": 0}, timeout=40)
+    assert outcome == "timed out" and written == 0, (outcome, written)
