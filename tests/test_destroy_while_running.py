@@ -8,7 +8,9 @@ starts. Destroying waits for the operation A is in (bounded by the group's timeo
 segment stays mapped under it; A's next call fails as a call on a destroyed group. Rank 1 loops
 the matching operation until rank 0's departure fails it. A destroy that met A's first async
 operation while that operation was starting the group's progress thread raised ``RuntimeError:
-cannot join thread before it is started`` and left the group half closed."""
+cannot join thread before it is started`` and left the group half closed. The torch backend's
+``dist.destroy_process_group`` goes the same way (it passed before too: its progress thread is
+started long before)."""
 
 import random
 import threading
@@ -108,4 +110,61 @@ def test_destroying_the_default_group_another_thread_runs_an_op_on(kind):
                   job=job, timeout=100)
     finally:
         left = [s.name for s in segments.list_segments() if f".{job}-" in s.name]
+    assert not left, f"segments left in /dev/shm: {left}"
+
+
+def _torch_destroyed_under_a_running_op(rank, size, store, rounds, seed):
+    """``rounds`` torch groups (shmcomm backend); rank 0's thread B calls
+    ``dist.destroy_process_group()`` while its thread A loops sync or async ``dist.all_reduce``."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    rng = random.Random(seed)
+    for i in range(rounds):
+        dist.init_process_group("shmcomm", init_method=f"file://{store}-{i}", rank=rank,
+                                world_size=size, timeout=timedelta(seconds=30))
+        started, errors, n = threading.Event(), [], 16 if i % 4 < 2 else 100_000
+
+        def loop():
+            started.set()
+            try:
+                while True:
+                    x = torch.ones(n)
+                    if i % 2:
+                        dist.all_reduce(x, async_op=True).wait()
+                    else:
+                        dist.all_reduce(x)
+            except BaseException as exc:  # noqa: BLE001 - checked below
+                errors.append(exc)
+
+        a = threading.Thread(target=loop, daemon=True)
+        a.start()
+        if rank == 0:
+            started.wait()
+            time.sleep(rng.choice([0.0, rng.uniform(0, 0.02)]))
+            dist.destroy_process_group()
+        a.join(timeout=20)
+        assert not a.is_alive(), f"round {i}: thread A still inside an operation 20 s after the destroy"
+        err = errors[0]
+        if rank == 0:  # torch finds no group, or the group says it was destroyed
+            assert "destroyed" in str(err) or "not been initialized" in str(err), \
+                f"round {i}: {type(err).__name__}: {err}"
+        else:
+            assert "PeerFailureError" in f"{type(err).__name__}: {err}", f"round {i}: {type(err).__name__}: {err}"
+            dist.destroy_process_group()
+    return True
+
+
+@pytest.mark.timeout(120)
+def test_torch_destroy_process_group_while_another_thread_runs_all_reduce(tmp_path):
+    pytest.importorskip("torch")
+    from shmcomm import segments
+
+    before = {s.name for s in segments.list_segments()}
+    assert all(run_ranks(_torch_destroyed_under_a_running_op, 2, str(tmp_path / "store"), 8, 5,
+                         init=False, env=SMALL_PATHS, timeout=100))
+    left = [s.name for s in segments.list_segments() if s.name not in before and s.stale]
     assert not left, f"segments left in /dev/shm: {left}"
