@@ -8,7 +8,8 @@
     shmcomm clean --dry-run # only say what would be removed
 
 Segments normally disappear as soon as every rank has attached, so ``ls`` usually prints
-``no segments``; a segment outlives its job only when a rank crashed during start-up.
+``no segments``; a segment outlives its job only when a rank crashed during start-up (so does a
+staging name, ``<name>~<pid>-<start time>``, where ``/dev/shm`` has no ``O_TMPFILE``).
 """
 
 from __future__ import annotations
@@ -91,8 +92,9 @@ def segment_state(seg: segments.SegmentInfo, users: dict[str, set[int]] | None =
 
     Foreign: a file under this user's names that is not this user's (another user planted it,
     or it is a link or has a wrong mode): never touched. Alive: an owner pid from the header still runs, or a process maps or opens the file.
-    Starting: no header or no owner pid yet, and younger than ``STARTUP_GRACE_S`` (its creator
-    may be between creating the file and writing the header). Stale: everything else. Example::
+    Starting: a staging name whose creator (pid and start time, from the name) still runs; or no
+    header or no owner pid yet, and younger than ``STARTUP_GRACE_S`` (its creator may be between
+    creating the file and writing the header). Stale: everything else. Example::
 
         [s.name for s in segments.list_segments() if segment_state(s) == "stale"]
     """
@@ -101,6 +103,8 @@ def segment_state(seg: segments.SegmentInfo, users: dict[str, set[int]] | None =
     users = segment_users() if users is None else users
     if users.get(seg.name):
         return "alive"
+    if seg.creator is not None:  # a staging name says who is creating it
+        return "stale" if seg.stale else "starting"
     if seg.valid and any(pid > 0 for pid in seg.pids):
         return "stale" if seg.stale else "alive"
     try:
@@ -265,7 +269,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     users = segment_users()
     rows = [("NAME", "JOB", "SIZE", "PIDS", "STATE")]
     for s in segs:
-        pids = ",".join(str(p) for p in s.pids if p > 0) or "-"
+        pids = ",".join(str(p) for p in s.pids if p > 0) or (str(s.creator[0]) if s.creator else "-")
         rows.append((s.name, s.job or "?", _human(s.size), pids, segment_state(s, users)))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for r in rows:

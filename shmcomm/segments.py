@@ -2,7 +2,10 @@
 
 Every segment of a job is a file in ``/dev/shm`` named ``shmcomm.<uid>.<job>.<part>``; segments are
 unlinked as soon as every rank has attached, so a name only outlives start-up when a rank crashed
-during it. ``shmcomm ls``/``shmcomm clean`` and the launcher's cleanup use this module::
+during it. Where ``/dev/shm`` has no unnamed files (no ``O_TMPFILE``), a segment is made under a
+*staging name*, ``<name>~<pid>-<start time>`` of its creator, until its header is written: whoever
+finds one can tell whether its creator still runs. ``shmcomm ls``/``shmcomm clean`` and the
+launcher's cleanup use this module::
 
     from shmcomm import segments
     for seg in segments.list_segments():
@@ -32,6 +35,8 @@ _CREATOR_PID_OFFSET = 40  # int32 pid of rank 0 inside the header
 _JOB_OFFSET, _JOB_BYTES = 64, 128
 
 _SAFE = re.compile(r"[^A-Za-z0-9_-]")
+_STAGING = re.compile(r"[^/~]+~(\d+)-(\d+)")  # a segment's name, then its creator's pid and start time
+NAME_MAX = 255  # bytes in a file name (Linux)
 
 
 def sanitize_job(job: str) -> str:
@@ -76,6 +81,118 @@ def segment_name(job: str, part: str) -> str:
     return "/" + job_prefix(job) + part
 
 
+def staging_name(name: str, pid: int, start_time: int) -> str:
+    """The name (leading ``/``) segment ``name`` has until its header is written, where
+    ``/dev/shm`` has no unnamed files: ``name`` plus the pid and start time (``trust.process_identity``)
+    of the process creating it, so that anyone can tell once that process is gone.
+
+    Example::
+
+        >>> staging_name("/shmcomm.1000.job-42.g0", 4242, 987654)
+        '/shmcomm.1000.job-42.g0~4242-987654'
+    """
+    staged = f"{name}~{pid}-{start_time}"
+    if len(staged.encode()) - 1 > NAME_MAX:  # parts and jobs are short: never in practice
+        raise ValueError(f"segment name {name!r} is too long for /dev/shm ({NAME_MAX} bytes)")
+    return staged
+
+
+def staging_creator(name: str) -> tuple[int, int] | None:
+    """``(pid, start time)`` of the creator a staging name carries; None for any other name.
+
+    Example::
+
+        >>> staging_creator("shmcomm.1000.job-42.g0~4242-987654")
+        (4242, 987654)
+    """
+    m = _STAGING.fullmatch(os.path.basename(name))
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def creator_gone(pid: int, start_time: int) -> bool:
+    """Whether process ``pid`` that started at ``start_time`` has exited (a recycled pid has
+    another start time; a zombie counts as gone: it writes nothing any more).
+
+    Example::
+
+        >>> creator_gone(os.getpid(), trust.process_identity(os.getpid())[1])
+        False
+    """
+    ident = trust.process_identity(pid)
+    return ident is None or ident[1] != start_time or not _alive(pid)
+
+
+def remove_dead_staging(name: str) -> list[str]:
+    """Unlink the staging names of segment ``name`` (leading ``/``) whose creators are gone:
+    each is what a creator killed before it named its segment left. A live creator's, and files
+    that are not ours, stay. Returns the names removed.
+
+    Example::
+
+        remove_dead_staging(segment_name("job-42", "g0"))
+    """
+    base = os.path.basename(name) + "~"
+    removed = []
+    for staged in _names(base):
+        creator = staging_creator(staged)
+        if creator is not None and creator_gone(*creator) and _unlink_ours(staged):
+            removed.append(staged)
+    return removed
+
+
+def publishing(path: str) -> bool:
+    """Whether the segment at ``path``, refused for its two links, had them only because its
+    creator was naming it (it links its staging name to ``path``, then removes the staging
+    name): a file of ours, mode 0600, whose second link is such a staging name, or that has
+    one link again. Should that creator be gone (killed between the two), its staging name is
+    removed here, and ``path`` is an ordinary segment again. True: look at it again.
+
+    Example::
+
+        if publishing("/dev/shm/shmcomm.1000.job-42.g0"):
+            time.sleep(0.001)   # try again: the creator is about to remove its staging name
+    """
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if trust.problem(st) is None:
+        return True  # the staging name went since the file was refused
+    if st.st_nlink != 2 or stat.S_IMODE(st.st_mode) != 0o600 or trust.problem(st, strict=False):
+        return False
+    for staged in _names(os.path.basename(path) + "~"):
+        creator = staging_creator(staged)
+        try:
+            same = os.path.samestat(st, os.lstat(os.path.join(SHM_DIR, staged)))
+        except OSError:
+            continue
+        if creator is not None and same:
+            if creator_gone(*creator):
+                _unlink_ours(staged)
+            return True
+    return False
+
+
+def _names(prefix: str) -> list[str]:
+    """Names in ``/dev/shm`` that start with ``prefix``."""
+    try:
+        return [n for n in os.listdir(SHM_DIR) if n.startswith(prefix)]
+    except OSError:
+        return []
+
+
+def _unlink_ours(name: str) -> bool:
+    """Unlink ``/dev/shm/name`` if it is a regular file of this user; whether it was."""
+    path = os.path.join(SHM_DIR, name)
+    try:
+        if trust.problem(os.lstat(path), strict=False) is None:
+            os.unlink(path)
+            return True
+    except OSError:
+        pass
+    return False
+
+
 @dataclass
 class SegmentInfo:
     """What ``describe`` reads from a segment file: its header and the pids of its ranks."""
@@ -88,10 +205,14 @@ class SegmentInfo:
     pids: list[int] = field(default_factory=list)
     valid: bool = False
     untrusted: str | None = None  # why the file is not ours (another user's, a link...), or None
+    creator: tuple[int, int] | None = None  # a staging name's creator: (pid, start time)
 
     @property
     def stale(self) -> bool:
-        """True when no process that attached to the segment is still alive."""
+        """True when no process that attached to the segment is still alive (for a staging
+        name: when its creator has exited)."""
+        if self.creator is not None:
+            return creator_gone(*self.creator)
         return not any(_alive(pid) for pid in self.pids)
 
 
@@ -127,7 +248,7 @@ def describe(path: str) -> SegmentInfo:
         with os.fdopen(fd, "rb") as f:
             head = f.read(HEADER_BYTES)
             magic, _version, world = _HEADER.unpack_from(head) if len(head) >= 16 else (0, 0, 0)
-            info = SegmentInfo(name, path, size)
+            info = SegmentInfo(name, path, size, creator=staging_creator(name))
             if magic != MAGIC or not 0 < world <= 4096:
                 return info
             info.valid = True
@@ -146,7 +267,7 @@ def describe(path: str) -> SegmentInfo:
     except trust.UntrustedFileError as e:  # replaced between lstat and open
         return SegmentInfo(name, path, 0, untrusted=str(e))
     except OSError:
-        return SegmentInfo(name, path, 0)
+        return SegmentInfo(name, path, 0, creator=staging_creator(name))
 
 
 def list_segments(uid: int | None = None, job: str | None = None) -> list[SegmentInfo]:

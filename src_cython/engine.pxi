@@ -355,17 +355,9 @@ cdef class Communicator:
 
             comm.drain()   # before close: nothing of this group is left running
         """
-        cdef int claim
         if self.closed or not self.engine_ready:
             return
-        claim = capi.shm_engine_claim_inline(&self.engine)
-        if claim == SHM_CLAIM_NESTED:
-            capi.shm_engine_release(&self.engine, claim, 0)
-            raise ShmcommError(_NESTED_CLOSE)
-        if claim == SHM_CLAIM_NONE:
-            with nogil:
-                claim = _drive(self, NULL, True, 0.0)
-        capi.shm_engine_release(&self.engine, claim, 0)
+        capi.shm_engine_release(&self.engine, _hold_idle(self), 0)
         _prune(self)
 
     def pending(self):
@@ -509,20 +501,34 @@ cdef class Communicator:
             self._close_composite()
             return
         self.refuse_inside_own_operation()
+        cdef int claim = SHM_CLAIM_NONE
         try:
-            self.drain()
+            claim = _hold_idle(self)  # queued ops, and one another thread runs, end first
         finally:
+            # Closed while this thread holds the engine: an op that starts later fails at once
+            # (_begin); none runs on while the pidfds close and peers learn this rank left.
             self.closed = True
-            _stop_thread(self)
-            if self.hdr != NULL:
-                capi.shm_store_seq_cst(&self.cb(self.rank).state, SHM_RANK_DEPARTED)
-                capi.shm_futex_wake_all(&self.cb(self.rank).seq)
-                capi.shm_futex_wake_all(&self.cb(self.rank).bell)
-            for r in range(self.size):
-                if self.pidfds[r] >= 0:
-                    close(self.pidfds[r])
-                    self.pidfds[r] = -1
-            self._close_composite()
+            try:
+                if claim != SHM_CLAIM_NONE:
+                    capi.shm_engine_release(&self.engine, claim, 0)
+                    # ops queued meanwhile (their calls got past _open) fail now, not never
+                    capi.shm_engine_release(&self.engine, _hold_idle(self), 0)
+                    _prune(self)
+            finally:
+                self._depart()
+
+    cdef _depart(self):
+        """The end of close: no op runs any more; peers learn this rank left."""
+        _stop_thread(self)
+        if self.hdr != NULL:
+            capi.shm_store_seq_cst(&self.cb(self.rank).state, SHM_RANK_DEPARTED)
+            capi.shm_futex_wake_all(&self.cb(self.rank).seq)
+            capi.shm_futex_wake_all(&self.cb(self.rank).bell)
+        for r in range(self.size):
+            if self.pidfds[r] >= 0:
+                close(self.pidfds[r])
+                self.pidfds[r] = -1
+        self._close_composite()
 
     cdef _close_composite(self):
         composite, self.composite = self.composite, None

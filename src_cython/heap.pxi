@@ -85,8 +85,11 @@ cdef _alloc_shared(Communicator self, size_t nbytes_per_rank):
             seg.unlink_name()  # every rank (a unique name): it outlives none of them
         except BaseException:
             if self.rank != 0 and made >= 0 and _peer_dead(self, 0):
-                # rank 0 died with the heap named (only it would have removed the name)
+                # rank 0 died with the heap named (only it would have removed the name), or
+                # before it named it (no O_TMPFILE: under a staging name)
+                from shmcomm.segments import remove_dead_staging
                 _unlink_name_if_nonce(name, _HEAP_NONCE_AT, self.cb(0).desc[made][D_ALLOC_NONCE])
+                remove_dead_staging(name)
             raise
         finally:
             if seg is not None and self.rank == 0:

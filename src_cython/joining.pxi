@@ -48,12 +48,7 @@ cdef _rendezvous(Communicator self, size_t slot_bytes, size_t ring_bytes, size_t
 cdef _create(Communicator self, str name, str host, str boot, size_t total, size_t cma_bytes):
     """Rank 0: make the segment of ``total`` bytes (laid out: _layout), write its header, then
     give it its name."""
-    while True:
-        try:
-            self.seg = Segment.create(name, total)
-            break
-        except FileExistsError:  # only where segments are named at once (no O_TMPFILE)
-            _remove_stale(self, name)
+    self.seg = Segment.create(name, total)
     self.base = self.seg.base
     self.hdr = <capi.shm_header_t *>self.base
     self.hdr.version = SHM_VERSION
@@ -193,6 +188,10 @@ cdef _attach(Communicator self, str name, double deadline, str host, str boot):
         if self.watch is not None:
             self.watch.check()
         if time.monotonic() > deadline:
+            # A rank 0 killed before it named its segment (no O_TMPFILE) left a staging name:
+            # nobody else coming, this rank removes it.
+            from shmcomm.segments import remove_dead_staging
+            remove_dead_staging(name)
             raise CommTimeoutError(
                 f"rank {self.rank} found no segment from rank 0 of job {self.job!r} within "
                 f"{self.timeout} s: is rank 0 running, on this machine, with the same job name?")

@@ -137,6 +137,21 @@ cdef int _drive(Communicator self, op_t *target, bint runs, double timeout) exce
 
 
 
+cdef int _hold_idle(Communicator self) except -1:
+    """Hold the engine inline once every queued op has run (this thread runs them, waiting for
+    one another thread runs); returns the claim to release. ShmcommError on a thread that runs
+    one of the group's own operations: it would wait for itself."""
+    cdef int claim = capi.shm_engine_claim_inline(&self.engine)
+    if claim == SHM_CLAIM_NESTED:
+        capi.shm_engine_release(&self.engine, claim, 0)
+        raise ShmcommError(_NESTED_CLOSE)
+    if claim == SHM_CLAIM_NONE:
+        with nogil:
+            claim = _drive(self, NULL, True, 0.0)
+    return claim
+
+
+
 cdef _Call _open(Communicator self, bint async_op):
     """The _Call to fill for a new call: a fresh one for an async op; for a synchronous one the
     inline _Call, once this thread holds the engine (after everything issued before it ran)."""
@@ -209,6 +224,11 @@ cdef object _go(Communicator self, _Call call, object owners, object outputs, bi
     self.inflight.append(call)
     if self.thread is None:
         _start_thread(self)
+    if self.closed:
+        # destroyed while this call was being made: nothing would run it (no progress thread);
+        # run it here, where it fails as a call on a destroyed group (_begin)
+        with nogil:
+            _drive(self, o, True, 0.0)
     if o.nbytes >= EAGER_BYTES and o.kind != K_PYTHON:
         capi.shm_engine_start_issued(&self.engine)  # worth a wake-up: start it now
     return call
@@ -277,7 +297,8 @@ cdef inline bint _on_progress_thread(Communicator self):
 
 
 cdef _stop_thread(Communicator self):
-    thread = self.thread
+    with self.thread_lock:  # not half started: Thread.start() lets other threads run before it returns
+        thread = self.thread
     if thread is None:
         return
     capi.shm_store_seq_cst(&self.engine.stop, 1)

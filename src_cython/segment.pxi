@@ -4,8 +4,12 @@
 # full /dev/shm is a clear error at start-up, not a SIGBUS mid-run). The creator writes its header
 # and only then gives the file its name (`publish`, an exclusive link): a named segment always says
 # who made it, so a creator killed at any moment leaves either nothing or a segment that the next
-# rank can tell is dead and remove. The name goes as soon as every rank has attached: the mapping
-# outlives it, so a crash later cannot leak it. Attached only after
+# rank can tell is dead and remove. Where /dev/shm has no unnamed files (no O_TMPFILE), the file
+# is made under a staging name that carries the creator's pid and start time
+# (shmcomm.segments.staging_name) and linked to its name the same way: what a killed creator
+# leaves there says whose it is too, and the next creator of that name, a rank that gives up
+# waiting for it, and `shmcomm clean` remove it. The name goes as soon as every rank has attached:
+# the mapping outlives it, so a crash later cannot leak it. Attached only after
 # shmcomm.trust.check_file: a file another user planted under the name (or a symlink, a hard link,
 # a wrong mode) is refused at once. Whether it is this *job's* segment is the caller's check (the
 # header's tag). Exposes the buffer protocol so numpy arrays can view it (sc.empty) while keeping
@@ -31,6 +35,7 @@ cdef class Segment:
     cdef int owner_pid
     cdef readonly size_t data_offset  # the buffer protocol exposes [data_offset, size)
     cdef int unnamed_fd  # the O_TMPFILE file until publish names it, else -1
+    cdef str staged      # without O_TMPFILE: the file's staging name until publish, else None
     cdef object __weakref__
 
     def __cinit__(self):
@@ -40,32 +45,35 @@ cdef class Segment:
         self.owner_pid = os.getpid()
         self.data_offset = 0
         self.unnamed_fd = -1
+        self.staged = None
 
     @staticmethod
     cdef Segment create(str name, size_t size):
-        """Make a mapped segment of ``size`` bytes that is to be called ``name``, with no name yet
-        where the system allows (``publish`` gives it the name once its header is written); where
-        it does not (no O_TMPFILE), create ``name`` exclusively at once. Raises FileExistsError if
-        ``name`` exists (then, or at ``publish``)."""
+        """Make a mapped segment of ``size`` bytes that is to be called ``name``, not under that
+        name yet (``publish`` gives it the name once its header is written): with no name where
+        the system allows (O_TMPFILE), else under its staging name."""
         cdef int fd = -1
+        cdef str staged = None
         try:
             fd = os.open("/dev/shm", os.O_TMPFILE | os.O_RDWR, 0o600)
         except OSError as e:
             if e.errno not in (errno_mod.EOPNOTSUPP, errno_mod.EISDIR, errno_mod.EINVAL):
                 raise ShmcommError(f"cannot create shared segment {name}: {e.strerror}") from None
         cdef bint unnamed = fd >= 0
-        cdef bytes bname = name.encode()
-        if not unnamed:  # no unnamed files here: name it now (a kill before its header stays possible)
-            fd = capi.shm_open(bname, capi.O_RDWR | capi.O_CREAT | capi.O_EXCL, 0o600)
+        if not unnamed:
+            from shmcomm.segments import remove_dead_staging, staging_name
+            from shmcomm.trust import process_identity
+            remove_dead_staging(name)  # what creators of this name killed before naming it left
+            staged = staging_name(name, getpid(), process_identity(getpid())[1])
+            fd = capi.shm_open(staged.encode(), capi.O_RDWR | capi.O_CREAT | capi.O_EXCL, 0o600)
             if fd < 0:
                 err = errno
-                if err == EEXIST:
-                    _refuse_if_foreign(name)
-                    raise FileExistsError(err, _os_error_text(err), name)
-                raise ShmcommError(f"cannot create shared segment {name}: {_os_error_text(err)}")
+                if err == EEXIST:  # the name is guessable: another user may have planted it
+                    _refuse_if_foreign(staged)
+                raise ShmcommError(f"cannot create shared segment {staged}: {_os_error_text(err)}")
         cdef Segment seg = Segment.__new__(Segment)
         seg.name = name
-        seg.unlinked = unnamed  # unnamed: publish links it, nothing to unlink until then
+        seg.staged = staged  # unlinked stays True: nothing is under `name` until publish
         try:
             if unnamed:
                 seg.unnamed_fd = os.dup(fd)
@@ -94,22 +102,28 @@ cdef class Segment:
         """Give a segment made by ``create`` its name, exclusively: FileExistsError if the name is
         taken (the segment stays unnamed; call again once the name is free). Write the header
         first: attaching ranks take a named segment as complete. No-op when already named."""
-        if self.unnamed_fd < 0:
+        cdef bytes src
+        cdef int flags = 0
+        if self.unnamed_fd >= 0:
+            # linkat(AT_SYMLINK_FOLLOW) of /proc/self/fd/N names an O_TMPFILE file without the
+            # privilege AT_EMPTY_PATH needs. (link() would link the /proc symlink itself: EXDEV.)
+            src, flags = f"/proc/self/fd/{self.unnamed_fd}".encode(), capi.AT_SYMLINK_FOLLOW
+        elif self.staged is not None:
+            # The file has two links until the staging name goes: attaching ranks wait that
+            # out (shmcomm.segments.publishing) instead of refusing a file with two links.
+            src = ("/dev/shm" + self.staged).encode()
+        else:
             return
-        # linkat(AT_SYMLINK_FOLLOW) of /proc/self/fd/N names an O_TMPFILE file without the
-        # privilege AT_EMPTY_PATH needs; it fails with EEXIST rather than replace a file.
-        # (os.link would call link(), which links the /proc symlink itself: EXDEV.)
-        cdef bytes src = f"/proc/self/fd/{self.unnamed_fd}".encode()
         cdef bytes dst = ("/dev/shm" + self.name).encode()
-        if capi.linkat(capi.AT_FDCWD, src, capi.AT_FDCWD, dst, capi.AT_SYMLINK_FOLLOW) != 0:
+        # a link fails with EEXIST rather than replace a file
+        if capi.linkat(capi.AT_FDCWD, src, capi.AT_FDCWD, dst, flags) != 0:
             err = errno
             if err == EEXIST:
                 _refuse_if_foreign(self.name)
                 raise FileExistsError(err, _os_error_text(err), self.name)
             raise ShmcommError(f"cannot name shared segment {self.name}: {_os_error_text(err)}")
-        os.close(self.unnamed_fd)
-        self.unnamed_fd = -1
         self.unlinked = False  # named now: the creator removes the name
+        self.unlink_staging()
 
     @staticmethod
     cdef Segment attach(str name):
@@ -122,6 +136,9 @@ cdef class Segment:
         except FileNotFoundError:
             return None
         except UntrustedFileError:
+            from shmcomm.segments import publishing
+            if publishing("/dev/shm" + name):
+                return None  # its creator is naming it: two links for a moment
             raise
         except OSError as e:
             raise ShmcommError(f"cannot open shared segment {name}: {e.strerror}") from None
@@ -140,9 +157,7 @@ cdef class Segment:
         err = errno
         close(fd)
         if p == capi.MAP_FAILED:
-            if not self.unlinked:
-                capi.shm_unlink(self.name.encode())
-                self.unlinked = True
+            self.unlink()
             raise ShmcommError(f"cannot map shared segment {self.name}: {_os_error_text(err)}")
         self.base = <char *>p
         self.size = size
@@ -150,13 +165,20 @@ cdef class Segment:
     def unlink(self):
         """Remove the segment's name (the mapping stays valid); a segment never published just
         forgets its file. Safe to call twice."""
-        if self.unnamed_fd >= 0:
-            close(self.unnamed_fd)
-            self.unnamed_fd = -1
-            self.unlinked = True
+        self.unlink_staging()
         if not self.unlinked:
             self.unlinked = True
             capi.shm_unlink(self.name.encode())
+
+    cdef unlink_staging(self):
+        """Let go of what held the file before it had its name: the O_TMPFILE descriptor, or
+        the staging name."""
+        if self.unnamed_fd >= 0:
+            close(self.unnamed_fd)
+            self.unnamed_fd = -1
+        if self.staged is not None:
+            capi.shm_unlink(self.staged.encode())
+            self.staged = None
 
     def unlink_name(self):
         """Remove the segment's name even if this side did not create it."""
@@ -177,9 +199,12 @@ cdef class Segment:
     def __dealloc__(self):
         if self.unnamed_fd >= 0:
             close(self.unnamed_fd)
-        # A forked child shares the mapping but must not tear down the parent's name.
-        if not self.unlinked and self.owner_pid == getpid():
-            capi.shm_unlink(self.name.encode())
+        # A forked child shares the mapping but must not tear down the parent's names.
+        if self.owner_pid == getpid():
+            if self.staged is not None:
+                capi.shm_unlink(self.staged.encode())
+            if not self.unlinked:
+                capi.shm_unlink(self.name.encode())
         if self.base != NULL:
             capi.munmap(self.base, self.size)
             self.base = NULL
@@ -189,10 +214,12 @@ cdef _refuse_if_foreign(str name):
     """Creating ``name`` failed with EEXIST: raise UntrustedFileError at once if the file in the
     way is not ours (it can never become a segment of this job, so waiting would only hang)."""
     from shmcomm.trust import UntrustedFileError, open_checked
+    from shmcomm.segments import publishing
     try:
         os.close(open_checked("/dev/shm" + name, os.O_RDONLY))
     except UntrustedFileError:
-        raise
+        if not publishing("/dev/shm" + name):
+            raise
     except OSError:
         pass  # gone meanwhile: the caller's EEXIST handling retries
 

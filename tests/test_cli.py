@@ -207,6 +207,68 @@ def test_headerless_segment_is_stale_only_when_old(make_segment, job):
 
 
 @pytest.mark.timeout(30)
+def test_staging_names_are_stale_once_their_creator_is_gone(make_segment, job):
+    """Without O_TMPFILE a segment is made under a staging name carrying its creator's pid and
+    start time: ``clean`` removes it at once when that process is gone (or the pid now names
+    another process: another start time), never while its creator runs, however old."""
+    from shmcomm import trust
+
+    me = trust.process_identity(os.getpid())[1]
+    dead = make_segment(job, [0], part=f"g0~{dead_pid()}-{me}", valid=False)
+    recycled = make_segment(job, [0], part=f"g1~{os.getpid()}-{me + 1}", valid=False)
+    live = make_segment(job, [0], part=f"g2~{os.getpid()}-{me}", valid=False)
+    old = time.time() - 3600
+    os.utime(live, (old, old))
+    states = {line.split()[0]: line.split()[-1] for line in shmcomm_cli("ls", "--job", job).stdout.splitlines()[1:]}
+    assert states == {os.path.basename(dead): "stale", os.path.basename(recycled): "stale",
+                      os.path.basename(live): "starting"}, states
+    res = shmcomm_cli("clean", "--job", job)
+    assert f"removed {os.path.basename(dead)}" in res.stdout
+    assert f"removed {os.path.basename(recycled)}" in res.stdout
+    assert not os.path.exists(dead) and not os.path.exists(recycled) and os.path.exists(live)
+
+
+@pytest.mark.timeout(30)
+def test_a_segment_linked_from_its_staging_name_is_being_published(make_segment, job):
+    """Naming a segment without O_TMPFILE links its staging name to the name, then removes the
+    staging name: attaching ranks take a second link that is the staging name for that moment,
+    not for a planted link; one left by a creator killed in between is removed."""
+    from shmcomm import trust
+
+    path = make_segment(job, [os.getpid()], part="g0")
+    os.chmod(path, 0o600)
+    staged = f"{path}~{os.getpid()}-{trust.process_identity(os.getpid())[1]}"
+    os.link(path, staged)
+    try:
+        assert segments.publishing(path) and os.path.exists(staged)  # its creator runs: wait
+    finally:
+        os.unlink(staged)
+    left = f"{path}~{dead_pid()}-1"
+    os.link(path, left)
+    assert segments.publishing(path) and not os.path.exists(left)
+    assert os.stat(path).st_nlink == 1
+    assert segments.publishing(path)  # (a file refused a moment ago, fine now: look again)
+    other = f"{path}.other"
+    os.link(path, other)
+    try:
+        assert not segments.publishing(path)  # any other second link is refused, as before
+        with pytest.raises(trust.UntrustedFileError, match="more than one link"):
+            trust.open_checked(path, os.O_RDONLY)
+    finally:
+        os.unlink(other)
+
+
+def test_staging_names_fit_in_a_file_name():
+    """The longest segment name (a job name is cut to 48 characters, parts are a sub-group's
+    heap at most) with the largest pid and start time stays within NAME_MAX."""
+    name = "/" + segments.job_prefix("j" * 200, uid=2**32 - 1) + "g999.%s.h99999.%s" % ("f" * 16, "f" * 16)
+    staged = segments.staging_name(name, 2**22, 2**64 - 1)
+    assert len(staged) - 1 <= segments.NAME_MAX
+    assert segments.staging_creator(staged) == (2**22, 2**64 - 1)
+    assert segments.staging_creator(name) is None
+
+
+@pytest.mark.timeout(30)
 def test_no_command_is_a_usage_error():
     res = shmcomm_cli()
     assert res.returncode == 2

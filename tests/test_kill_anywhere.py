@@ -221,3 +221,101 @@ def test_a_torch_rank_killed_at_a_random_moment(size):
             _survivors_fail_fast(procs, victim, job, before)
         except AssertionError as e:
             raise AssertionError(f"seed {seed}, rank {victim} killed {after:.2f} s in: {e}") from None
+
+
+# A rank on a /dev/shm without unnamed files (no O_TMPFILE, as on some filesystems and old
+# kernels): os.open refuses O_TMPFILE, so Segment.create takes the path that names the file at once.
+NO_TMPFILE_RANK = """
+import errno, os, sys
+_open = os.open
+def _no_tmpfile(path, flags, *args, **kwargs):
+    if flags & os.O_TMPFILE == os.O_TMPFILE:
+        raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP), path)
+    return _open(path, flags, *args, **kwargs)
+os.open = _no_tmpfile
+import shmcomm as sc
+rank, job, timeout = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+sc.init_process_group(rank=rank, world_size=2, name=job, timeout=timeout)
+"""
+
+
+def _without_o_tmpfile(rank, size, job):
+    """Groups, sub-groups and shared arrays where os.open refuses O_TMPFILE (as NO_TMPFILE_RANK)."""
+    import errno
+
+    import numpy as np
+
+    import shmcomm as sc
+
+    real_open = os.open
+
+    def no_tmpfile(path, flags, *args, **kwargs):
+        if flags & os.O_TMPFILE == os.O_TMPFILE:
+            raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP), path)
+        return real_open(path, flags, *args, **kwargs)
+
+    os.open = no_tmpfile
+    try:
+        sc.init_process_group(rank=rank, world_size=size, name=job, timeout=30)
+        for _ in range(5):  # ranks attach while rank 0 names each segment (two links a moment)
+            sub = sc.new_group(list(range(size)))
+            x = sc.empty(1000, np.float32, group=sub)
+            x[:] = rank
+            sc.all_reduce(x, group=sub)
+            assert (x == sum(range(size))).all()
+            sc.destroy_process_group(sub)
+        n = sc.get_world_size()
+        sc.destroy_process_group()
+        return n
+    finally:
+        os.open = real_open
+
+
+@pytest.mark.timeout(60)
+def test_groups_and_shared_arrays_without_o_tmpfile():
+    from harness import run_ranks
+
+    job = f"test-notmp-{uuid.uuid4().hex[:8]}"
+    assert run_ranks(_without_o_tmpfile, 3, job, init=False, job=job) == [3, 3, 3]
+
+
+@pytest.mark.timeout(300)
+def test_a_creator_killed_during_start_up_without_o_tmpfile_leaves_nothing():
+    """Without O_TMPFILE, rank 0 SIGKILLed at random moments of its start-up, mostly just as its
+    file appears in /dev/shm (while it sizes the file and writes the header), 20 times, ranks
+    started by hand: what it left is removed by rank 1 coming to the job after it (which gives
+    up after its timeout) or, with no rank 1, by ``shmcomm clean``. The file was created under
+    its final name before its header was written: a kill then left a header-less file that
+    rank 1 waited on and left behind, and that ``clean`` took for one still being created."""
+    from shmcomm import cli
+
+    rng = random.Random(47)
+    # large slots: reserving their memory keeps the creator a few ms between creating and naming
+    env = dict(os.environ, SHMCOMM_SLOT_BYTES=str(8 << 20))
+    prefix = f"{segments.PREFIX}.{os.getuid()}."
+    for trial in range(20):
+        job = f"test-notmp-{uuid.uuid4().hex[:8]}"
+        mine = segments.job_prefix(job)
+        rank0 = subprocess.Popen([sys.executable, "-c", NO_TMPFILE_RANK, "0", job, "30"], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 30
+        while not any(n.startswith(mine) for n in os.listdir(segments.SHM_DIR)):
+            assert rank0.poll() is None, rank0.communicate()[0]
+            assert time.monotonic() < deadline, "rank 0 never created its segment"
+            time.sleep(0.0002)
+        time.sleep(rng.choice([0.0, rng.uniform(0, 0.005), rng.uniform(0, 0.05)]))
+        rank0.kill()
+        rank0.communicate()
+        seen = sorted(n[len(prefix):] for n in os.listdir(segments.SHM_DIR) if n.startswith(mine))
+        if trial % 2 == 0:
+            rank1 = subprocess.run([sys.executable, "-c", NO_TMPFILE_RANK, "1", job, "1"], env=env,
+                                   capture_output=True, text=True, timeout=60)
+            assert rank1.returncode != 0 and ("CommTimeoutError" in rank1.stderr or
+                                              "PeerFailureError" in rank1.stderr), rank1.stderr
+        else:
+            assert cli.main(["clean", "--job", job]) == 0
+        left = segments.list_segments(job=job)
+        for seg in left:
+            os.unlink(seg.path)
+        assert not left, (f"trial {trial} ({'rank 1' if trial % 2 == 0 else 'shmcomm clean'} "
+                          f"cleaning after a kill that left {seen}): {left}")

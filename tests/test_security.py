@@ -472,3 +472,46 @@ def test_segments_are_created_0600_whatever_the_umask():
     from harness import run_ranks
     job = f"um{uuid.uuid4().hex[:6]}"
     assert run_ranks(_join_under_umask, 2, job, init=False, job=job) == [[3.0] * 3] * 2
+
+
+JOIN_TWO = """
+import sys, shmcomm as sc
+sc.init_process_group(rank=int(sys.argv[1]), world_size=2, name=sys.argv[2], timeout=30)
+sc.barrier()
+sc.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("creator", ["running", "killed"])
+def test_a_segment_being_named_from_its_staging_name_is_waited_for_not_refused(creator):
+    """Without O_TMPFILE rank 0 names its segment by linking its staging name to the name, then
+    removes the staging name: a rank attaching in between sees two links. It waits that out
+    while rank 0 runs ("running": the second link goes after 0.5 s), and removes the staging
+    name of a rank 0 killed in between ("killed"), instead of refusing the file as a planted
+    link. Made here by hand: the real moment lasts microseconds."""
+    job = f"pub{uuid.uuid4().hex[:6]}"
+    env = dict(os.environ, SHMCOMM_SECRET="pub-test")
+    rank0 = subprocess.Popen([sys.executable, "-c", JOIN_TWO, "0", job], env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while not any(s.valid for s in segments.list_segments(job=job)):
+            assert time.monotonic() < deadline and rank0.poll() is None, "rank 0 never named its segment"
+            time.sleep(0.01)
+        path = segments.list_segments(job=job)[0].path
+        pid, start = (rank0.pid, trust.process_identity(rank0.pid)[1]) if creator == "running" else (2**22 + 1, 1)
+        staged = segments.staging_name(path, pid, start)
+        os.link(path, staged)
+        rank1 = subprocess.Popen([sys.executable, "-c", JOIN_TWO, "1", job], env=env,
+                                 stderr=subprocess.PIPE, text=True)
+        if creator == "running":
+            time.sleep(0.5)
+            assert rank1.poll() is None, rank1.communicate()[1]  # still waiting, not refused
+            os.unlink(staged)
+        assert rank1.wait(timeout=60) == 0, rank1.communicate()[1]
+        assert rank0.wait(timeout=30) == 0
+        assert not os.path.exists(staged) and not segments.list_segments(job=job)
+    finally:
+        rank0.kill()
+        for s in segments.list_segments(job=job):
+            os.unlink(s.path)
