@@ -4,6 +4,8 @@
 # Communicator.
 from cpython.exc cimport PyErr_Fetch, PyErr_Restore
 from cpython.ref cimport Py_XDECREF, Py_XINCREF
+cdef extern from "<errno.h>":
+    int ECANCELED  # (not in Cython's libc.errno): a copy refused because its buffer was withdrawn
 
 cdef char *_scratch(Communicator self, size_t nbytes) except NULL nogil:
     return _grown(&self.scratch, &self.scratch_bytes, nbytes, "scratch")
@@ -46,64 +48,76 @@ cdef size_t LEASE_CHUNK = 4 << 20
 
 
 
-cdef int _lease(Communicator self, int q, const uint32_t *exposure=NULL, uint32_t gen=0) except -1 nogil:
+cdef int _lease(Communicator self, int q) except -1 nogil:
     """Take a lease covering rank q's memory (q < 0: every peer's) for the copy about to run;
-    ``_unlease`` ends it. Raises if one of them withdrew (see Leases at the top). With
-    ``exposure``: a point-to-point copy of the buffer rank q exposed in that word of its control
-    block at generation ``gen`` (``_try_lease`` says whether it is still there without raising)."""
-    cdef int r
-    if _try_lease(self, q, exposure, gen) < 0:
-        r = _withdrawn_peer(self, q, exposure, gen)
+    ``_unlease`` ends it. Raises if one of them withdrew (see Leases at the top)."""
+    cdef int r = _try_lease(self, q, NULL, 0)
+    if r >= 0:
         with gil:
-            raise _fail(self, peer_failure(_name(self), r, self.pids[r],
-                                          "failed this operation and withdrew its buffers"))
+            raise _withdrawn(self, r)
     return 0
+
+
+
+cdef object _withdrawn(Communicator self, int r):
+    return _fail(self, peer_failure(_name(self), r, self.pids[r],
+                                    "failed this operation and withdrew its buffers"))
 
 
 
 cdef int _try_lease(Communicator self, int q, const uint32_t *exposure, uint32_t gen) noexcept nogil:
-    """The lease of ``_lease``: 0 taken, -1 refused (withdrawn; nothing taken)."""
-    cdef capi.shm_cb_t *me = self.cb(self.rank)
-    capi.shm_fetch_add(&me.leases, 1)
-    if _withdrawn_peer(self, q, exposure, gen) >= 0:
-        capi.shm_fetch_sub(&me.leases, 1)
-        return -1
-    return 0
-
-
-
-cdef int _withdrawn_peer(Communicator self, int q, const uint32_t *exposure, uint32_t gen) noexcept nogil:
-    """The first rank of those a lease on q covers that withdrew, or -1 (seq_cst loads: see
-    Leases at the top of engine.pxi). A point-to-point exposure is withdrawn once its word moved
-    past ``gen``, whatever the rank's other buffers do."""
+    """The lease of ``_lease``, or of a point-to-point copy of the buffer rank q exposed in word
+    ``exposure`` of its control block at generation ``gen``: -1 taken, else the rank that
+    withdrew (nothing taken). The loads are seq_cst (see Leases at the top of engine.pxi); an
+    exposure is withdrawn once its word moved past ``gen``, whatever q's other buffers do."""
     cdef int r, first = 0 if q < 0 else q, last = self.size if q < 0 else q + 1
+    capi.shm_fetch_add(&self.cb(self.rank).leases, 1)
     if exposure != NULL:
-        return -1 if capi.shm_load_seq_cst(exposure) == gen else q
-    for r in range(first, last):
-        if r != self.rank and capi.shm_load_seq_cst(&self.cb(r).withdrawn):
-            return r
-    return -1
+        if capi.shm_load_seq_cst(exposure) == gen:
+            return -1
+        r = q
+    else:
+        for r in range(first, last):
+            if r != self.rank and capi.shm_load_seq_cst(&self.cb(r).withdrawn):
+                break
+        else:
+            return -1
+    capi.shm_fetch_sub(&self.cb(self.rank).leases, 1)
+    return r
+
+
+
+cdef int _leased_copy(Communicator self, int q, char *local, uint64_t remote, size_t n, bint write,
+                      const uint32_t *exposure, uint32_t gen) noexcept nogil:
+    """Copy n bytes between ``local`` and address ``remote`` of rank q (write: to rank q), chunk
+    by chunk, each under a lease (``_try_lease``: on q's memory, or on the buffer q exposed
+    as ``exposure`` at ``gen``). 0, ECANCELED once q withdrew it, or the copy's errno."""
+    cdef int err = 0
+    cdef size_t m
+    while n and not err:
+        m = min(n, LEASE_CHUNK)
+        if _try_lease(self, q, exposure, gen) >= 0:
+            return ECANCELED
+        err = capi.shm_cma_write(self.pids[q], local, remote, m) if write else \
+            capi.shm_cma_read(self.pids[q], local, remote, m)
+        self._unlease()
+        local += m
+        remote += m
+        n -= m
+    return err
 
 
 
 cdef int _cma(Communicator self, int q, char *local, uint64_t remote, size_t n, bint write) except -1 nogil:
-    """Copy n bytes between ``local`` and address ``remote`` of rank q (write: to rank q),
-    chunk by chunk, each under a lease on q's memory."""
-    cdef int err
-    cdef size_t m
-    while n:
-        m = min(n, LEASE_CHUNK)
-        _lease(self, q)
-        err = capi.shm_cma_write(self.pids[q], local, remote, m) if write else \
-            capi.shm_cma_read(self.pids[q], local, remote, m)
-        self._unlease()
-        if err:
-            with gil:
-                raise _fail(self, os_failure(f"{_name(self)}: {'writing' if write else 'reading'} "
-                                            f"rank {q}'s memory", err, q, self.pids[q]))
-        local += m
-        remote += m
-        n -= m
+    """Copy n bytes between ``local`` and address ``remote`` of rank q (write: to rank q) under
+    leases on q's memory (``_leased_copy``)."""
+    cdef int err = _leased_copy(self, q, local, remote, n, write, NULL, 0)
+    if err:
+        with gil:
+            if err == ECANCELED:
+                raise _withdrawn(self, q)
+            raise _fail(self, os_failure(f"{_name(self)}: {'writing' if write else 'reading'} "
+                                        f"rank {q}'s memory", err, q, self.pids[q]))
     return 0
 
 

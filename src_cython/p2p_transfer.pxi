@@ -3,8 +3,6 @@
 # matching arrivals to posted receives, single-copy pulls and pushes) and failing what a dead peer
 # leaves behind. Free functions of P2PEngine (p2p.pxi holds its state, posting and threads).
 from libc.errno cimport EIO
-cdef extern from "<errno.h>":
-    int ECANCELED  # (not in Cython's libc.errno): a copy refused because its buffer was withdrawn
 
 # ---- eager paths and control messages --------------------------------------------------------
 cdef bint _p2p_put_eager(P2PEngine self, int dst, buf_t *b, int64_t tag) except -1:
@@ -322,26 +320,12 @@ cdef object _p2p_read_from_sender(P2PEngine self, _Incoming inc, char *dst, size
 
 cdef int _p2p_copy(P2PEngine self, int q, char *local, uint64_t remote, size_t n, bint write,
                    uint64_t exposure):
-    """Copy n bytes between ``local`` and rank q's buffer at ``remote``, which q exposed as
-    ``exposure`` (slot << 32 | generation), chunk by chunk under leases on it. 0, ECANCELED if q
-    withdrew it, or the copy's errno."""
+    """``_leased_copy`` of the buffer rank q exposed as ``exposure`` (slot << 32 | generation)."""
     cdef Communicator c = self.comm
-    cdef const uint32_t *word = &c.cb(q).exposures[exposure >> 32]
-    cdef uint32_t gen = <uint32_t>exposure
-    cdef int err = 0, pid = c.pids[q]
-    cdef size_t m
+    cdef int err
     with nogil:
-        while n and not err:
-            m = min(n, LEASE_CHUNK)
-            if _try_lease(c, q, word, gen) < 0:
-                err = ECANCELED
-                break
-            err = capi.shm_cma_write(pid, local, remote, m) if write else \
-                capi.shm_cma_read(pid, local, remote, m)
-            c._unlease()
-            local += m
-            remote += m
-            n -= m
+        err = _leased_copy(c, q, local, remote, n, write, &c.cb(q).exposures[exposure >> 32],
+                           <uint32_t>exposure)
     return err
 
 

@@ -39,6 +39,30 @@ def _one_op(kind, group, rank, n):
         sc.send(x, dst=0, group=group)
 
 
+def _error_of_a_loop_destroyed_under_it(one_op, destroy, destroys, delay, round_):
+    """Thread A runs ``one_op`` until it raises; if ``destroys``, this thread (B) calls
+    ``destroy`` ``delay`` s after A started. Returns A's error; A must end within 20 s."""
+    started, errors = threading.Event(), []
+
+    def loop():
+        started.set()
+        try:
+            while True:
+                one_op()
+        except BaseException as exc:  # noqa: BLE001 - checked by the caller
+            errors.append(exc)
+
+    a = threading.Thread(target=loop, daemon=True)
+    a.start()
+    if destroys:
+        started.wait()
+        time.sleep(delay)
+        destroy()
+    a.join(timeout=20)
+    assert not a.is_alive(), f"round {round_}: thread A still inside an operation 20 s after the destroy"
+    return errors[0]
+
+
 def _destroyed_under_a_running_op(rank, size, kind, n, rounds, seed, default, job):
     """``rounds`` times: a group; rank 0's thread B destroys it while its thread A loops ``kind``
     operations on it. ``default``: the default group, by ``sc.destroy_process_group()`` (then
@@ -52,25 +76,9 @@ def _destroyed_under_a_running_op(rank, size, kind, n, rounds, seed, default, jo
             group = None
         else:
             group = sc.new_group(list(range(size)))
-        started, errors = threading.Event(), []
-
-        def loop():
-            started.set()
-            try:
-                while True:
-                    _one_op(kind, group, rank, n)
-            except BaseException as exc:  # noqa: BLE001 - checked below
-                errors.append(exc)
-
-        a = threading.Thread(target=loop, daemon=True)
-        a.start()
-        if rank == 0:
-            started.wait()
-            time.sleep(rng.choice([0.0, rng.uniform(0, 0.002), rng.uniform(0, 0.02)]))
-            sc.destroy_process_group(group)
-        a.join(timeout=20)
-        assert not a.is_alive(), f"round {i}: thread A still inside an operation 20 s after the destroy"
-        err = errors[0]
+        err = _error_of_a_loop_destroyed_under_it(
+            lambda: _one_op(kind, group, rank, n), lambda: sc.destroy_process_group(group), rank == 0,
+            rng.choice([0.0, rng.uniform(0, 0.002), rng.uniform(0, 0.02)]), i)
         if rank == 0:
             # ValueError where the call is refused before it is issued, ShmcommError once inside
             # (destroy's docstring); the default group's functions find no group at all
@@ -126,29 +134,17 @@ def _torch_destroyed_under_a_running_op(rank, size, store, rounds, seed):
     for i in range(rounds):
         dist.init_process_group("shmcomm", init_method=f"file://{store}-{i}", rank=rank,
                                 world_size=size, timeout=timedelta(seconds=30))
-        started, errors, n = threading.Event(), [], 16 if i % 4 < 2 else 100_000
+        n, asynchronous = 16 if i % 4 < 2 else 100_000, i % 2
 
-        def loop():
-            started.set()
-            try:
-                while True:
-                    x = torch.ones(n)
-                    if i % 2:
-                        dist.all_reduce(x, async_op=True).wait()
-                    else:
-                        dist.all_reduce(x)
-            except BaseException as exc:  # noqa: BLE001 - checked below
-                errors.append(exc)
+        def one_op():
+            x = torch.ones(n)
+            if asynchronous:
+                dist.all_reduce(x, async_op=True).wait()
+            else:
+                dist.all_reduce(x)
 
-        a = threading.Thread(target=loop, daemon=True)
-        a.start()
-        if rank == 0:
-            started.wait()
-            time.sleep(rng.choice([0.0, rng.uniform(0, 0.02)]))
-            dist.destroy_process_group()
-        a.join(timeout=20)
-        assert not a.is_alive(), f"round {i}: thread A still inside an operation 20 s after the destroy"
-        err = errors[0]
+        err = _error_of_a_loop_destroyed_under_it(one_op, dist.destroy_process_group, rank == 0,
+                                                  rng.choice([0.0, rng.uniform(0, 0.02)]), i)
         if rank == 0:  # torch finds no group, or the group says it was destroyed
             assert "destroyed" in str(err) or "not been initialized" in str(err), \
                 f"round {i}: {type(err).__name__}: {err}"

@@ -225,14 +225,17 @@ def test_a_torch_rank_killed_at_a_random_moment(size):
 
 # A rank on a /dev/shm without unnamed files (no O_TMPFILE, as on some filesystems and old
 # kernels): os.open refuses O_TMPFILE, so Segment.create takes the path that names the file at once.
-NO_TMPFILE_RANK = """
-import errno, os, sys
+NO_TMPFILE = """
+import errno, os
 _open = os.open
 def _no_tmpfile(path, flags, *args, **kwargs):
     if flags & os.O_TMPFILE == os.O_TMPFILE:
         raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP), path)
     return _open(path, flags, *args, **kwargs)
 os.open = _no_tmpfile
+"""
+NO_TMPFILE_RANK = NO_TMPFILE + """
+import sys
 import shmcomm as sc
 rank, job, timeout = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
 sc.init_process_group(rank=rank, world_size=2, name=job, timeout=timeout)
@@ -241,20 +244,12 @@ sc.init_process_group(rank=rank, world_size=2, name=job, timeout=timeout)
 
 def _without_o_tmpfile(rank, size, job):
     """Groups, sub-groups and shared arrays where os.open refuses O_TMPFILE (as NO_TMPFILE_RANK)."""
-    import errno
-
     import numpy as np
 
     import shmcomm as sc
 
     real_open = os.open
-
-    def no_tmpfile(path, flags, *args, **kwargs):
-        if flags & os.O_TMPFILE == os.O_TMPFILE:
-            raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP), path)
-        return real_open(path, flags, *args, **kwargs)
-
-    os.open = no_tmpfile
+    exec(NO_TMPFILE, {})  # this forked rank's os.open refuses O_TMPFILE
     try:
         sc.init_process_group(rank=rank, world_size=size, name=job, timeout=30)
         for _ in range(5):  # ranks attach while rank 0 names each segment (two links a moment)
