@@ -37,9 +37,11 @@ from shmcomm.multinode import HierarchicalGroup, build
 from shmcomm.multinode.store import StoreMeeting, share_job
 from shmcomm.ops import ReduceOp
 from shmcomm.segments import sanitize_job
+from shmcomm.torch_ops import all_reduce_  # the drop-in of CPU inference engines (re-exported)
+from shmcomm.torch_ops import groups as _op_groups, kernels as _op_kernels
 from shmcomm.trust import new_secret
 
-__all__ = ["BACKEND_NAME", "ShmcommProcessGroup", "ShmcommWork", "register"]
+__all__ = ["BACKEND_NAME", "ShmcommProcessGroup", "ShmcommWork", "all_reduce_", "register"]
 
 # On a torch built without distributed support this module still imports, and registers nothing.
 _HAVE_DIST = dist.is_available()
@@ -509,6 +511,7 @@ class ShmcommProcessGroup(_ProcessGroupBase):
         self._on_one_node = not isinstance(place, HierarchicalGroup)  # self._comm is the core's
         if not self._on_one_node:  # ranks on several machines
             self._pg, self._comm, self._pool = place, place.comm, None
+            _op_groups.enter(self, group_name)  # what torch.ops.shmcomm's group_name finds
             return
         job, secret = place
         comm = _core.Communicator(job, "pg", rank, size, seconds, secret=secret)
@@ -516,6 +519,7 @@ class ShmcommProcessGroup(_ProcessGroupBase):
         self._pg = _ShmGroup(comm, members, f"{job}.pg")
         self._comm = comm
         self._pool = BufferPool(self._pg)
+        _op_groups.enter(self, group_name)  # what torch.ops.shmcomm's group_name finds
 
     # ---- identity ------------------------------------------------------------------------------
     def getBackendName(self) -> str:  # noqa: N802 - name fixed by torch's C++ trampoline
@@ -544,6 +548,7 @@ class ShmcommProcessGroup(_ProcessGroupBase):
             pg._set_group_name("trainers")
         """
         self._group_name = name
+        _op_groups.enter(self, name)
 
     def getGroupDesc(self) -> str:  # noqa: N802
         """The group's description (``pg.group_desc``), e.g. ``"default_pg"``.
@@ -562,6 +567,8 @@ class ShmcommProcessGroup(_ProcessGroupBase):
             pg._set_group_desc("data parallel")
         """
         self._group_desc = desc
+        if desc == "default_pg":  # what init_process_group calls the default group
+            _op_groups.enter(self, self._group_name, is_default=True)
 
     def __repr__(self) -> str:
         return (f"<shmcomm.torch.ShmcommProcessGroup {self._group_name!r} rank={self._rank} "
@@ -929,6 +936,7 @@ class ShmcommProcessGroup(_ProcessGroupBase):
 
             dist.destroy_process_group()
         """
+        _op_groups.leave(self)
         self._pg.destroy()
 
     def abort(self) -> None:
@@ -1026,6 +1034,7 @@ def _register_kernels() -> None:
 def _create(options, backend_options=None) -> ShmcommProcessGroup:
     """The creator torch calls for each group (extended API: store, rank, size, timeout, name)."""
     _register_kernels()
+    _op_kernels.register()
     return ShmcommProcessGroup(options.store, options.group_rank, options.group_size, options.timeout,
                                str(options.group_id), list(options.global_ranks_in_group))
 

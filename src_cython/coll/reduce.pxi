@@ -24,12 +24,18 @@
 cdef object _prep_reduce(Communicator c, op_t *o, object array, int op, int root, double factor):
     cdef buf_t b
     owner = as_buf(array, &b, True, "array")
+    _fill_reduce(c, o, &b, op, root, factor)
+    return owner
+
+
+cdef int _fill_reduce(Communicator c, op_t *o, buf_t *b, int op, int root, double factor) except -1:
+    """Fill ``o`` for a reduction of the buffer ``b`` (an array's, or a torch op's raw tensor)."""
     check_reduce_op(b.dtype, op)
     o.kind = K_ALL_REDUCE if root < 0 else K_REDUCE
     o.ptr, o.count, o.itemsize, o.dtype, o.nbytes = b.ptr, b.count, b.itemsize, b.dtype, b.nbytes
     o.op, o.root, o.factor = op, root, factor
     o.heap = _find_heap(c, b.ptr, b.nbytes, &o.heap_off, &o.heap_stride)
-    return owner
+    return 0
 
 
 cdef int _run_reduce(Communicator c, op_t *o) except -1 nogil:

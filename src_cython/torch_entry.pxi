@@ -1,0 +1,39 @@
+# The C entry point of the native torch op (shmcomm/torch_ops/all_reduce.cpp): an all_reduce of a
+# tensor's raw memory on a torch group's communicator, no Python object made per call but the
+# group's name. Reached through the capsule `torch_all_reduce_entry`; its C type is
+# `int (*)(const char *group, int op, void *data, int64_t count, int dtype)`, called with the GIL.
+from cpython.pycapsule cimport PyCapsule_New
+from cpython.unicode cimport PyUnicode_FromString
+
+# group_name (None: the default group) -> Communicator of each shmcomm torch group on one node;
+# shmcomm.torch_ops.groups fills it. A group not here (across nodes) takes the Python kernel.
+torch_op_comms = {}
+
+
+cdef int _torch_all_reduce(const char *group, int op, void *data, int64_t count, int dtype) except -1:
+    """0: reduced in place; 1: not served here (the caller runs the Python kernel, which serves
+    or names the problem); -1: failed, with the Python error set (CollectiveMismatchError, ...)."""
+    cdef Communicator c
+    cdef buf_t b
+    cdef _Call call
+    comm = torch_op_comms.get(None if group == NULL else PyUnicode_FromString(group))
+    if comm is None or not 0 <= dtype < SHM_NDTYPES or count < 0:
+        return 1
+    c = <Communicator>comm
+    b.ptr, b.count, b.dtype = <char *>data, <size_t>count, dtype
+    b.itemsize = shm_dtype_itemsizes[dtype]
+    b.nbytes = b.count * b.itemsize
+    call = _open(c, False)
+    try:
+        _fill_reduce(c, &call.o, &b, op, -1, 1.0)
+    except BaseException:
+        _abandon(c, call)
+        raise
+    if c._composes(&call.o, call.o.nbytes):  # a composition (NUMA) takes arrays: the Python kernel
+        _abandon(c, call)
+        return 1
+    _go(c, call, None, None, True)
+    return 0
+
+
+torch_all_reduce_entry = PyCapsule_New(<void *>_torch_all_reduce, b"shmcomm._core.torch_all_reduce", NULL)
