@@ -12,6 +12,7 @@ Scopes:
     kernels    the SIMD level of the reduction kernels
     multinode  the engine between nodes, simulated nodes and NUMA nodes
     rpc        the RPC agent's rings and waits
+    torch      the native kernel of torch.ops.shmcomm.all_reduce_
     bench      ``shmcomm-bench`` test hooks
     build      read by setup.py when the extension is compiled
 
@@ -183,6 +184,8 @@ SETTINGS: tuple[Setting, ...] = (
             "microseconds an RPC wait busy-polls before yielding", 0, ceiling=_MICROS_MAX),
     Setting("SHMCOMM_RPC_YIELDS", "rpc", "64", "sched_yield rounds of an RPC wait before sleeping", 0,
             ceiling=_YIELDS_MAX),
+    Setting("SHMCOMM_TORCH_NATIVE", "torch", "1",
+            "0: torch.ops.shmcomm.all_reduce_ runs its Python kernel (no C++ build, no warning)"),
     # ---- tools and the build ------------------------------------------------------------------
     Setting("SHMCOMM_BENCH_MPIRUN", "bench", "mpirun or mpiexec on PATH",
             "the mpirun shmcomm-bench starts the MPI peer with"),

@@ -59,3 +59,19 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_sep("=", "skipped, by reason")
         for reason, count in sorted(reasons.items(), key=lambda item: -item[1]):
             terminalreporter.write_line(f"SKIPPED {count:>3}  {reason}")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def torch_ops_native_kernel_built():
+    """Build torch.ops.shmcomm's native kernel (shmcomm/torch_ops/native.py) once, here, before
+    any test forks ranks: the first shmcomm group of a process loads it, and ranks that had to
+    build it (about 20 s) would do so inside their test's time limit. Nothing without torch."""
+    try:
+        import torch  # noqa: F401 - only whether it is there
+    except ImportError:
+        yield
+        return
+    from shmcomm.torch_ops import native
+
+    native.load()
+    yield

@@ -113,3 +113,24 @@ def shmrun_leave_early(n: int, leaver: int, env: dict | None = None) -> tuple[in
                      rf"still needed it: it left the job early", out)
     assert said, out[-3000:]
     return done.returncode, out, said.group(1)
+
+
+def torch_ranks(fn, size, store_dir, *args, backend="shmcomm", timeout=90.0, **kw):
+    """Run ``fn(rank, size, *args)`` on ``size`` forked ranks inside an initialized torch group
+    (a FileStore under ``store_dir``; ``backend`` "shmcomm" unless told)."""
+    import torch
+    import torch.distributed as dist
+    from datetime import timedelta
+
+    store = str(store_dir / f"store-{fn.__name__}-{size}")
+
+    def body(rank, size, *args):
+        torch.set_num_threads(1)  # forked children: keep OpenMP out of the picture
+        dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=size,
+                                timeout=timedelta(seconds=60))
+        try:
+            return fn(rank, size, *args)
+        finally:
+            dist.destroy_process_group()
+
+    return run_ranks(body, size, *args, init=False, timeout=timeout, **kw)

@@ -1,5 +1,5 @@
 """Documentation checks, in one place: every public object (and public method) of shmcomm,
-shmcomm.rpc and shmcomm.torch has a docstring with an example, every ``>>>`` example in the
+shmcomm.rpc, shmcomm.torch and shmcomm.torch_ops has a docstring with an example, every ``>>>`` example in the
 compiled core and the Python modules runs as a doctest, the mpi4py guide does not contradict
 itself, and the docs' conf.py documents a built shmcomm, never the checkout's uncompiled source
 (these two need no Sphinx; tests/test_docs_site.py builds the site)."""
@@ -31,7 +31,7 @@ def _modules():
         import torch.distributed as dist
 
         if dist.is_available():
-            names.append("shmcomm.torch")
+            names += ["shmcomm.torch", "shmcomm.torch_ops"]
     except ImportError:
         pass
     return [importlib.import_module(n) for n in names]

@@ -23,29 +23,13 @@ if not dist.is_available():
 
 import shmcomm  # noqa: E402
 import shmcomm.torch as shm_torch  # noqa: E402
-from harness import run_ranks  # noqa: E402
+from harness import run_ranks, torch_ranks  # noqa: E402
 
 SCRIPTS = Path(__file__).parent / "torch_scripts"
 sys.path.insert(0, str(SCRIPTS))
 import checks  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def torch_ranks(fn, size, store_dir, *args, backend="shmcomm", timeout=90.0, **kw):
-    """Run ``fn(rank, size, *args)`` on ``size`` forked ranks inside an initialized torch group."""
-    store = str(store_dir / f"store-{fn.__name__}-{size}")
-
-    def body(rank, size, *args):
-        torch.set_num_threads(1)  # forked children: keep OpenMP out of the picture
-        dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=size,
-                                timeout=timedelta(seconds=60))
-        try:
-            return fn(rank, size, *args)
-        finally:
-            dist.destroy_process_group()
-
-    return run_ranks(body, size, *args, init=False, timeout=timeout, **kw)
 
 
 def run_script(cmd: list[str], timeout: float = 150) -> subprocess.CompletedProcess:

@@ -1,4 +1,4 @@
-// torch.ops.shmcomm.all_reduce_ as a native kernel: the tensor's memory goes straight to the
+// torch.ops.shmcomm.all_reduce_ (and its copying twin all_reduce) as native kernels: the tensor's memory goes straight to the
 // compiled core's C entry point (src_cython/torch_entry.pxi), with no Python call in between.
 // It saves ~1 us a call over the Python kernel, a third of an 8 KiB all_reduce; tensor-parallel
 // decoding makes ~100 such calls per token. Built on first use by shmcomm/torch_ops/native.py.
@@ -113,6 +113,17 @@ at::Tensor &all_reduce_(at::Tensor &input, c10::string_view reduce_op,
   return input;
 }
 
+// The copying twin, which compiled graphs call (functionalization takes no op whose output
+// aliases its input): a contiguous copy, reduced in place.
+at::Tensor all_reduce(const at::Tensor &input, c10::string_view reduce_op,
+                      std::optional<c10::string_view> group_name) {
+  at::Tensor out = input.clone(at::MemoryFormat::Contiguous);
+  return all_reduce_(out, reduce_op, group_name);
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(shmcomm, CPU, m) { m.impl("all_reduce_", all_reduce_); }
+TORCH_LIBRARY_IMPL(shmcomm, CPU, m) {
+  m.impl("all_reduce_", all_reduce_);
+  m.impl("all_reduce", all_reduce);
+}

@@ -280,9 +280,10 @@ def register() -> None:
         lib.define(name + schema)
         torch.library.register_fake(f"shmcomm::{name}", _KERNELS[name][1], lib=lib)
     _LIBRARY.append(lib)
-    # all_reduce_ is the hot one (~100 calls per token in tensor-parallel decoding): its native
-    # kernel when it builds (it registers itself for CPU), else the Python one
-    native_ops = {"all_reduce_"} if native.load() else set()
+    # all_reduce_ is the hot one (~100 calls per token in tensor-parallel decoding), and all_reduce
+    # what compiled graphs call instead: their native kernels when they build (they register
+    # themselves for CPU), else the Python ones
+    native_ops = {"all_reduce_", "all_reduce"} if native.load() else set()
     for name in SCHEMAS:
         if name not in native_ops:
             lib.impl(name, _KERNELS[name][0], "CPU")

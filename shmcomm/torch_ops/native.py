@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pathlib
+import sys
 import warnings
 
 import torch
@@ -53,12 +54,24 @@ def load() -> bool:
     try:
         from torch.utils import cpp_extension
 
-        cpp_extension.load(name=_module_name(), sources=[str(SOURCE)], extra_cflags=["-O2"],
+        name = _module_name()
+        if not _built(cpp_extension, name):  # the first group on this torch build: say why it waits
+            print(f"shmcomm: building the native kernel of torch.ops.shmcomm.all_reduce_ for torch "
+                  f"{torch.__version__} (once; about 20 s)", file=sys.stderr, flush=True)
+        cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=["-O2"],
                            is_python_module=False, verbose=False)
     except Exception as exc:  # noqa: BLE001 - no compiler, no ninja, headers missing: the Python kernel serves
         return _give_up(f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}")
     _STATE["loaded"] = True
     return True
+
+
+def _built(cpp_extension, name: str) -> bool:
+    """Whether torch's cache holds the build already (its private layout: True when unsure)."""
+    try:
+        return (pathlib.Path(cpp_extension._get_build_directory(name, verbose=False)) / f"{name}.so").exists()
+    except Exception:  # noqa: BLE001 - only decides whether a message is printed
+        return True
 
 
 def _give_up(why: str, warn: bool = True) -> bool:

@@ -1,0 +1,270 @@
+"""``torch.ops.shmcomm`` (shmcomm/torch_ops): every op x dtype x size at 1-4 ranks and on a
+sub-group against torch's own arithmetic, under every launcher, compiled with fullgraph=True, with
+the errors a user can make, and a rank killed in the middle of a decode loop.
+
+The value checks live in ``tests/torch_scripts/op_checks.py`` (shared with the launcher runs).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available():
+    pytest.skip("torch was built without torch.distributed", allow_module_level=True)
+
+from harness import torch_ranks  # noqa: E402
+from shmcomm.torch_ops import native  # noqa: E402
+
+SCRIPTS = Path(__file__).parent / "torch_scripts"
+sys.path.insert(0, str(SCRIPTS))
+import op_checks  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ---- values ---------------------------------------------------------------------------------------
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+def test_every_op_dtype_and_size_matches_torch(size, tmp_path):
+    """all_reduce_ (op, Python kernel, drop-in) over 14 dtypes x their reduce ops x sizes 0, 1,
+    1001 and 300k (past a slot), and the data-movement ops, against torch in float64/int64, the
+    same bits on every rank; at 3 and 4 ranks again on the sub-group of the first and last."""
+    counts = torch_ranks(lambda r, n: op_checks.run_all(), size, tmp_path, timeout=140)
+    per_rank = sum(len(op_checks.ops_for(d)) for d in op_checks.DTYPES) * len(op_checks.SIZES)
+    assert min(counts) >= per_rank + 5 * len(op_checks.DTYPES), counts
+    if size >= 3:  # the sub-group's members compared more
+        assert counts[0] == counts[-1] > counts[1], counts
+
+
+# ---- launchers ----------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(**extra) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(REPO), str(SCRIPTS)]))
+    env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
+    for k in [k for k in env if k.startswith("SHMCOMM_")]:
+        env.pop(k)  # a fresh shell's (pytest's process made a secret up)
+    env.update(extra)
+    return env
+
+
+def _by_hand(size: int, env: dict, timeout: float) -> tuple[int, str]:
+    """Ranks started one by one with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, as a user would."""
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, "ops_script.py"], cwd=SCRIPTS, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True,
+                              env=dict(env, RANK=str(r), WORLD_SIZE=str(size), LOCAL_RANK=str(r),
+                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
+             for r in range(size)]
+    out, rc = "", 0
+    for p in procs:
+        try:
+            text, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        out += text
+        rc = rc or p.returncode
+    return rc, out
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("launcher,native_setting", [("torchrun", "1"), ("shmrun", "1"), ("by_hand", "1"),
+                                                     ("torchrun", "0")])
+def test_launchers(launcher, native_setting):
+    """The checks under torchrun, shmrun and ranks started by hand (3 ranks: the sub-group too);
+    SHMCOMM_TORCH_NATIVE=0 gives the Python kernel, with the same results and no warning."""
+    env = _env(SHMCOMM_TORCH_NATIVE=native_setting)
+    size = 3
+    if launcher == "by_hand":
+        rc, out = _by_hand(size, env, 180)
+    else:
+        cmd = ([sys.executable, "-m", "shmcomm.launch", "-n", str(size), "--no-prefix"] if launcher == "shmrun"
+               else [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(size)])
+        proc = subprocess.run(cmd + ["ops_script.py"], cwd=SCRIPTS, env=env, capture_output=True, text=True,
+                              timeout=180)
+        rc, out = proc.returncode, proc.stdout + proc.stderr
+    assert rc == 0, out[-4000:]
+    lines = re.findall(r"rank (\d) compared (\d+) native=(True|False)", out)  # lines may mix
+    assert sorted(r for r, _, _ in lines) == [str(r) for r in range(size)], out[-4000:]
+    expect_native = str(native_setting == "1" and native.load())
+    assert {flag for _, _, flag in lines} == {expect_native}, out[-4000:]
+    assert "RuntimeWarning" not in out, out[-4000:]
+
+
+# ---- the native kernel ------------------------------------------------------------------------------
+@pytest.mark.timeout(60)
+def test_native_kernels_serve_all_reduce_and_its_copying_twin(tmp_path):
+    """Where a compiler is at hand the CPU kernels of all_reduce_ and all_reduce are the C++ ones
+    (their registrations name the source file), and they reduce; elsewhere this says why not."""
+    if not native.load():
+        pytest.skip(f"the native kernel was not built here: {native.why_not()}")
+
+    def fn(rank, size):
+        cpu = [line for op in ("all_reduce_", "all_reduce")
+               for line in torch._C._dispatch_dump(f"shmcomm::{op}").splitlines() if line.startswith("CPU")]
+        t = torch.full((3,), float(rank + 1))
+        torch.ops.shmcomm.all_reduce_(t, "sum", None)
+        copy = torch.ops.shmcomm.all_reduce(torch.full((2, 2), float(rank)).t(), "max", None)
+        return cpu, t.tolist(), copy.tolist(), copy.is_contiguous()
+
+    for cpu, values, copy, contiguous in torch_ranks(fn, 2, tmp_path):
+        assert len(cpu) == 2 and all("all_reduce.cpp" in line for line in cpu), cpu
+        assert values == [3.0] * 3
+        assert copy == [[1.0, 1.0], [1.0, 1.0]] and contiguous
+
+
+# ---- errors -------------------------------------------------------------------------------------------
+@pytest.mark.timeout(90)
+def test_errors_name_the_problem(tmp_path):
+    """Each mistake raises on the caller, with a message that names it; a dtype that differs
+    between ranks raises CollectiveMismatchError on every rank (its type kept through the
+    native kernel), and the group goes on working."""
+
+    def fn(rank, size):
+        gloo = dist.new_group(backend="gloo")
+        said = {}
+        cases = {
+            "op": lambda: torch.ops.shmcomm.all_reduce_(torch.ones(2), "median", None),
+            "premul": lambda: torch.ops.shmcomm.all_reduce_(torch.ones(2), "premul_sum", None),
+            "name": lambda: torch.ops.shmcomm.all_reduce_(torch.ones(2), "sum", "no-such-group"),
+            "gloo": lambda: torch.ops.shmcomm.all_reduce_(torch.ones(2), "sum", gloo.group_name),
+            "size": lambda: torch.ops.shmcomm.all_gather_into_tensor(torch.ones(2), size + 1, None),
+            "src": lambda: torch.ops.shmcomm.broadcast_(torch.ones(2), size, None),
+            "blocks": lambda: torch.ops.shmcomm.reduce_scatter_tensor(torch.ones(3), "sum", size, None),
+            "dtype": lambda: torch.ops.shmcomm.all_reduce_(torch.ones(2, dtype=torch.complex64), "max", None),
+            "group type": lambda: op_checks.drop_in_all_reduce_(torch.ones(2), 3.5),
+        }
+        for key, call in cases.items():
+            try:
+                call()
+                said[key] = "no error"
+            except Exception as exc:  # noqa: BLE001 - what each raised is the result
+                said[key] = f"{type(exc).__name__}: {exc}"
+        from shmcomm.errors import CollectiveMismatchError
+        try:
+            torch.ops.shmcomm.all_reduce_(torch.ones(4, dtype=torch.float32 if rank else torch.float64), "sum", None)
+            said["mismatch"] = "no error"
+        except CollectiveMismatchError as exc:
+            said["mismatch"] = f"CollectiveMismatchError: {exc}"
+        t = torch.ones(2)
+        torch.ops.shmcomm.all_reduce_(t, "sum", None)
+        said["after"] = t.tolist()
+        return said
+
+    for rank, said in enumerate(torch_ranks(fn, 2, tmp_path)):
+        assert re.match(r"ValueError: reduce_op must be one of .*'median'", said["op"]), said
+        assert "PREMUL_SUM needs its factor" in said["premul"], said
+        assert re.match(r"ValueError: no process group is named 'no-such-group'", said["name"]), said
+        assert re.match(r"ValueError: process group '\d+' uses backend 'gloo', not 'shmcomm'", said["gloo"]), said
+        assert re.match(r"ValueError: all_gather_into_tensor: group_size=3 but the group has 2 ranks", said["size"]), said
+        assert re.match(r"ValueError: broadcast_: src must be a group rank in \[0, 2\), got 2", said["src"]), said
+        assert re.match(r"ValueError: reduce_scatter_tensor: dim 0 .* group_size=2 equal blocks", said["blocks"]), said
+        assert re.match(r"TypeError: .*MAX.*complex64", said["dtype"]), said
+        assert re.match(r"TypeError: group must be a torch process group", said["group type"]), said
+        assert said["mismatch"].startswith("CollectiveMismatchError:") and "dtype" in said["mismatch"], said
+        assert said["after"] == [2.0, 2.0], said
+
+
+# ---- torch.compile ---------------------------------------------------------------------------------
+def _tp_block(rank, size):
+    """A column- then row-parallel MLP whose row-parallel output is all-reduced: the layer every
+    tensor-parallel decoder repeats. Returns (sharded forward, unsharded reference forward)."""
+    torch.manual_seed(0)
+    w1, w2 = torch.randn(32, 16) / 4, torch.randn(16, 32) / 4
+    rows = 32 // size
+    w1_mine, w2_mine = w1[rank * rows:(rank + 1) * rows], w2[:, rank * rows:(rank + 1) * rows]
+
+    def sharded(x, all_reduce):
+        y = torch.relu(x @ w1_mine.t()) @ w2_mine.t()
+        return all_reduce(y)
+
+    def whole(x):
+        return torch.relu(x @ w1.t()) @ w2.t()
+
+    return sharded, whole
+
+
+@pytest.mark.timeout(240)
+def test_compiled_with_fullgraph_and_no_graph_break(tmp_path):
+    """A TP block calling each op compiles with fullgraph=True: one graph, no break (torch's
+    own counters), the compiled result equal to the eager one and close to the unsharded model."""
+
+    def fn(rank, size):
+        import torch._dynamo.utils as dynamo_utils
+        from shmcomm.torch_ops import all_reduce_
+
+        sharded, whole = _tp_block(rank, size)
+        world = dist.group.WORLD
+
+        def step(x):
+            y = sharded(x, lambda t: torch.ops.shmcomm.all_reduce_(t, "sum", None))
+            y = sharded(y, lambda t: all_reduce_(t, world))          # the drop-in, traced
+            g = torch.ops.shmcomm.all_gather_into_tensor(y, size, None)
+            r = torch.ops.shmcomm.reduce_scatter_tensor(g, "avg", size, None)
+            a = torch.ops.shmcomm.all_to_all_single(r, [], [], None)
+            return torch.ops.shmcomm.broadcast_(a, 0, None) * 1.0
+
+        dynamo_utils.counters.clear()
+        compiled = torch.compile(step, fullgraph=True)
+        x = torch.randn(size * 2, 16, generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            eager, got = step(x.clone()), compiled(x.clone())
+            got2 = compiled(x.clone())  # the second call runs the compiled code only
+        breaks = dict(dynamo_utils.counters["graph_break"])
+        graphs = dynamo_utils.counters["stats"]["unique_graphs"]
+        # every rank holds the same y = whole(whole(x)) after the two blocks; the gather, the
+        # average of identical blocks and the exchange leave rank 0 with y's first 2 rows from
+        # each rank, which the broadcast gives everyone
+        reference = whole(whole(x))[:2].repeat(size, 1)
+        return breaks, graphs, torch.equal(eager, got) and torch.equal(got, got2), \
+            float((eager - reference).abs().max())
+
+    for breaks, graphs, same, err in torch_ranks(fn, 2, tmp_path, timeout=230):
+        assert breaks == {} and graphs == 1, (breaks, graphs)
+        assert same
+        assert err < 1e-4, err
+
+
+# ---- a rank killed mid-decode ------------------------------------------------------------------------
+@pytest.mark.timeout(90)
+def test_rank_killed_mid_decode_raises_on_every_survivor(tmp_path):
+    """Three ranks decode (all_reduce_ after every layer); rank 2 is SIGKILLed after 40 steps.
+    Both survivors raise PeerFailureError naming it, in seconds (the group's timeout is 60 s)."""
+
+    def fn(rank, size):
+        from shmcomm.errors import PeerFailureError
+
+        h = torch.ones(2048, dtype=torch.bfloat16)
+        start = None
+        try:
+            for step in range(10_000):
+                if step == 40:
+                    start = time.monotonic()
+                    if rank == 2:
+                        os.kill(os.getpid(), signal.SIGKILL)
+                torch.ops.shmcomm.all_reduce_(h.mul_(0.5), "sum", None)
+        except PeerFailureError as exc:
+            return "PeerFailureError", str(exc), time.monotonic() - start
+        return "no error", "", 0.0
+
+    results = torch_ranks(fn, 3, tmp_path, expect_dead=(2,), timeout=80)
+    for kind, message, waited in results[:2]:
+        assert kind == "PeerFailureError" and "rank 2" in message, (kind, message)
+        assert waited < 20, waited
