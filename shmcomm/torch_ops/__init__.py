@@ -66,9 +66,14 @@ def all_reduce_(tensor: torch.Tensor, group=None, op="sum") -> torch.Tensor:
             def all_reduce(self, x):
                 return all_reduce_(x, self.group)
     """
-    name = group_name_of(group)
+    compiling = _is_compiling()
+    if not compiling and kernels.direct_all_reduce(tensor, op, group):  # the common case, eagerly
+        return tensor
     if not isinstance(op, str):
         op = str(op).rsplit(".", 1)[-1].lower()  # dist.ReduceOp.SUM -> "sum"
-    if torch.compiler.is_compiling():
-        return torch.ops.shmcomm.all_reduce_(tensor, op, name)
-    return kernels.all_reduce_(tensor, op, name)
+    if compiling:
+        return torch.ops.shmcomm.all_reduce_(tensor, op, group_name_of(group))
+    return kernels.all_reduce_(tensor, op, group_name_of(group))
+
+
+_is_compiling = torch.compiler.is_compiling

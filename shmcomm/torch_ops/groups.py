@@ -23,8 +23,9 @@ from shmcomm import _core
 # name -> group. Weak: a group torch dropped without a shutdown (a failed init) is not kept alive.
 _BY_NAME: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _DEFAULT: list = [None]  # a weak reference to the default group (the one torch describes "default_pg")
-# The same names -> the group's Communicator, for the groups on one node: what the native kernel
-# looks up (the core's own dict: no Python call on its way).
+# The same names, and the group objects themselves -> the group's Communicator, for the groups on
+# one node: what the native kernel (by name) and the eager drop-in (by object) look up. The core's
+# own dict: the native kernel reaches it with no Python call on its way.
 _COMMS: dict = _core.torch_op_comms
 
 
@@ -36,6 +37,8 @@ def enter(group, name: str, is_default: bool = False) -> None:
         enter(pg, "0", is_default=True)
     """
     comm = group._comm if getattr(group, "_on_one_node", False) else None
+    if comm is not None:
+        _COMMS[group] = comm
     if name:
         _BY_NAME[name] = group
         _COMMS.pop(name, None)
@@ -55,6 +58,7 @@ def leave(group) -> None:
 
         leave(pg)
     """
+    _COMMS.pop(group, None)
     for name, member in list(_BY_NAME.items()):
         if member is group:
             del _BY_NAME[name]

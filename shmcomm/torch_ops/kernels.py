@@ -102,21 +102,40 @@ def all_reduce_(input: torch.Tensor, reduce_op: str, group_name: str | None = No
 
         torch.ops.shmcomm.all_reduce_(t, "max", sub.group_name)
     """
-    comm, code = _COMMS.get(group_name), _OP_CODES.get(reduce_op)
-    if comm is not None and code is not None:  # a group on one node: straight to its core
-        try:
-            comm.all_reduce(input, code)  # the core takes a plain contiguous tensor as it is
-            return input
-        except (TypeError, ValueError) as exc:
-            # raised while the core checked its argument, before anything ran (its own errors are
-            # ShmcommErrors): a tensor to copy first, or a bad one, which the general path names
-            if isinstance(exc, ShmcommError):
-                raise
+    if direct_all_reduce(input, reduce_op, group_name):
+        return input
     group = groups.resolve(group_name)
     op_code(reduce_op)
     opts = _sync_options(_c10d.AllreduceOptions, reduceOp=_REDUCE_OPS[reduce_op.lower()])
     group.allreduce([input], opts).wait()
     return input
+
+
+def direct_all_reduce(tensor: torch.Tensor, reduce_op: str, group) -> bool:
+    """All-reduce ``tensor`` straight on the core of ``group`` (its name, the group object or
+    None) when that group is on one node and the core takes the tensor as it is; False, with
+    nothing run, when the general path must serve it (a tensor to copy first, a group across
+    nodes, a name to resolve or refuse).
+
+    Example::
+
+        direct_all_reduce(t, "sum", None) or all_reduce_(t, "sum", None)
+    """
+    try:
+        comm, code = _COMMS.get(group), _OP_CODES.get(reduce_op)
+    except TypeError:  # an unhashable group or op: the general path names it
+        return False
+    if comm is None or code is None:
+        return False
+    try:
+        comm.all_reduce(tensor, code)
+        return True
+    except (TypeError, ValueError) as exc:
+        # raised while the core checked its argument, before anything ran (its own errors are
+        # ShmcommErrors): a tensor to copy first, or a bad one, which the general path names
+        if isinstance(exc, ShmcommError):
+            raise
+        return False
 
 
 def broadcast_(input: torch.Tensor, src: int, group_name: str | None = None) -> torch.Tensor:
