@@ -58,7 +58,7 @@ def test_every_variable_the_code_reads_is_in_the_table_and_in_info():
 def test_each_row_is_complete():
     assert len({s.var for s in SETTINGS}) == len(SETTINGS), "a variable has two rows"
     for s in SETTINGS:
-        assert s.scope in {"group", "job", "kernels", "multinode", "rpc", "bench", "build"}, s
+        assert s.scope in {"group", "job", "kernels", "multinode", "rpc", "torch", "bench", "build"}, s
         assert s.default and s.why, s
     for s in GROUP_TUNING:
         assert s.key and s.compute is not None and s.floor is not None, s

@@ -130,6 +130,19 @@ def test_native_kernels_serve_all_reduce_and_its_copying_twin(tmp_path):
         assert copy == [[1.0, 1.0], [1.0, 1.0]] and contiguous
 
 
+@pytest.mark.timeout(200)
+def test_without_a_compiler_the_python_kernel_serves_and_says_so_once(tmp_path):
+    """A machine without a working C++ compiler (CXX=false, an empty extension cache): the ops
+    give the same results through their Python kernels, and each rank warns once, saying why."""
+    env = _env(CXX="false", TORCH_EXTENSIONS_DIR=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                           "2", "ops_script.py"], cwd=SCRIPTS, env=env, capture_output=True, text=True, timeout=180)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert sorted(re.findall(r"rank (\d) compared \d+ native=False", out)) == ["0", "1"], out[-4000:]
+    assert out.count("runs its Python kernel") == 2, out[-4000:]  # once per rank
+
+
 # ---- errors -------------------------------------------------------------------------------------------
 @pytest.mark.timeout(90)
 def test_errors_name_the_problem(tmp_path):

@@ -26,7 +26,7 @@ _DEFAULT: list = [None]  # a weak reference to the default group (the one torch 
 # The same names, and the group objects themselves -> the group's Communicator, for the groups on
 # one node: what the native kernel (by name) and the eager drop-in (by object) look up. The core's
 # own dict: the native kernel reaches it with no Python call on its way.
-_COMMS: dict = _core.torch_op_comms
+COMMS: dict = _core.torch_op_comms
 
 
 def enter(group, name: str, is_default: bool = False) -> None:
@@ -38,17 +38,17 @@ def enter(group, name: str, is_default: bool = False) -> None:
     """
     comm = group._comm if getattr(group, "_on_one_node", False) else None
     if comm is not None:
-        _COMMS[group] = comm
+        COMMS[group] = comm
     if name:
         _BY_NAME[name] = group
-        _COMMS.pop(name, None)
+        COMMS.pop(name, None)
         if comm is not None:
-            _COMMS[name] = comm
+            COMMS[name] = comm
     if is_default:
         _DEFAULT[0] = weakref.ref(group)
-        _COMMS.pop(None, None)
+        COMMS.pop(None, None)
         if comm is not None:
-            _COMMS[None] = comm
+            COMMS[None] = comm
 
 
 def leave(group) -> None:
@@ -58,14 +58,14 @@ def leave(group) -> None:
 
         leave(pg)
     """
-    _COMMS.pop(group, None)
+    COMMS.pop(group, None)
     for name, member in list(_BY_NAME.items()):
         if member is group:
             del _BY_NAME[name]
-            _COMMS.pop(name, None)
+            COMMS.pop(name, None)
     if _DEFAULT[0] is not None and _DEFAULT[0]() is group:
         _DEFAULT[0] = None
-        _COMMS.pop(None, None)
+        COMMS.pop(None, None)
 
 
 def resolve(name: str | None):

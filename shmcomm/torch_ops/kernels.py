@@ -38,7 +38,7 @@ from torch._C import _distributed_c10d as _c10d
 
 from shmcomm import _core
 from shmcomm.errors import ShmcommError
-from shmcomm.torch_ops import groups
+from shmcomm.torch_ops.groups import COMMS, resolve
 
 SCHEMAS = {
     "all_reduce_": "(Tensor(a!) input, str reduce_op, str? group_name=None) -> Tensor(a!)",
@@ -56,7 +56,6 @@ SCHEMAS = {
 # name cannot carry: dist.all_reduce(t, op=dist._make_nccl_premul_sum(f)) serves it.
 _OP_CODES = {name.lower(): code for code, name in enumerate(_core.OP_NAMES) if name != "PREMUL_SUM"}
 _OP_CODES["prod"] = _OP_CODES["product"]
-_COMMS = groups._COMMS  # group_name -> Communicator, for the groups on one node
 # reduce_op name -> the torch ReduceOp the group's general path takes
 _REDUCE_OPS = {name: dist.ReduceOp(getattr(dist.ReduceOp.RedOpType, _core.OP_NAMES[code]))
                for name, code in _OP_CODES.items()}
@@ -104,7 +103,7 @@ def all_reduce_(input: torch.Tensor, reduce_op: str, group_name: str | None = No
     """
     if direct_all_reduce(input, reduce_op, group_name):
         return input
-    group = groups.resolve(group_name)
+    group = resolve(group_name)
     op_code(reduce_op)
     opts = _sync_options(_c10d.AllreduceOptions, reduceOp=_REDUCE_OPS[reduce_op.lower()])
     group.allreduce([input], opts).wait()
@@ -122,7 +121,7 @@ def direct_all_reduce(tensor: torch.Tensor, reduce_op: str, group) -> bool:
         direct_all_reduce(t, "sum", None) or all_reduce_(t, "sum", None)
     """
     try:
-        comm, code = _COMMS.get(group), _OP_CODES.get(reduce_op)
+        comm, code = COMMS.get(group), _OP_CODES.get(reduce_op)
     except TypeError:  # an unhashable group or op: the general path names it
         return False
     if comm is None or code is None:
@@ -145,7 +144,7 @@ def broadcast_(input: torch.Tensor, src: int, group_name: str | None = None) -> 
 
         torch.ops.shmcomm.broadcast_(weights, 0, None)
     """
-    group = groups.resolve(group_name)
+    group = resolve(group_name)
     if not 0 <= src < group.size():
         raise ValueError(f"broadcast_: src must be a group rank in [0, {group.size()}), got {src}")
     group.broadcast([input], _sync_options(_c10d.BroadcastOptions, rootRank=src)).wait()
@@ -159,7 +158,7 @@ def all_gather_into_tensor(input: torch.Tensor, group_size: int, group_name: str
 
         torch.ops.shmcomm.all_gather_into_tensor(torch.ones(2, 3), world, None).shape   # (2*world, 3)
     """
-    group = groups.resolve(group_name)
+    group = resolve(group_name)
     _check_size(group, group_size, "all_gather_into_tensor")
     out = input.new_empty(_gathered_shape(input, group_size))
     group.all_gather_single(out, input, _sync_options(_c10d.AllgatherOptions)).wait()
@@ -174,7 +173,7 @@ def reduce_scatter_tensor(input: torch.Tensor, reduce_op: str, group_size: int,
 
         torch.ops.shmcomm.reduce_scatter_tensor(torch.ones(world * 4), "sum", world, None)  # 4 x world
     """
-    group = groups.resolve(group_name)
+    group = resolve(group_name)
     _check_size(group, group_size, "reduce_scatter_tensor")
     op_code(reduce_op)
     out = input.new_empty(_scattered_shape(input, group_size))
@@ -192,7 +191,7 @@ def all_to_all_single(input: torch.Tensor, output_split_sizes: list, input_split
 
         torch.ops.shmcomm.all_to_all_single(x, [], [], None)   # equal parts
     """
-    group = groups.resolve(group_name)
+    group = resolve(group_name)
     out = input.new_empty(_exchanged_shape(input, output_split_sizes))
     group.all_to_all_single(out, input, list(output_split_sizes), list(input_split_sizes),
                             _sync_options(_c10d.AllToAllOptions)).wait()
@@ -292,7 +291,7 @@ def register() -> None:
     """
     if _LIBRARY:
         return
-    from shmcomm.torch_ops import native
+    from shmcomm.torch_ops import native  # here: the build is only wanted once ops are defined
 
     lib = torch.library.Library("shmcomm", "DEF")
     for name, schema in SCHEMAS.items():
