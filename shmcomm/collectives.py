@@ -929,8 +929,10 @@ def scan(array: Array, op: ReduceOpLike = ReduceOp.SUM, group: ProcessGroup | No
 def exscan(array: Array, op: ReduceOpLike = ReduceOp.SUM, group: ProcessGroup | None = None,
            async_op: bool = False) -> Work | None:
     """MPI's exclusive prefix reduction, in place: rank r's ``array`` becomes ``op`` over the
-    arrays of ranks 0..r-1; rank 0's is left unchanged (mpi4py's ``comm.Exscan``, where it is
-    undefined).
+    arrays of ranks 0..r-1; rank 0's becomes the op's identity (0 for SUM, BOR and BXOR, 1 for
+    PRODUCT, the dtype's largest value for MIN and smallest for MAX, inf and -inf for floating
+    point, every bit set for BAND), so that ``offsets`` below are right on every rank. AVG has no
+    identity: rank 0 keeps its array. (mpi4py's ``comm.Exscan`` leaves rank 0's undefined.)
 
     Dtypes, ops (AVG divides by r) and the reduction order are those of ``scan``.
 
@@ -950,7 +952,7 @@ def exscan(array: Array, op: ReduceOpLike = ReduceOp.SUM, group: ProcessGroup | 
     Example::
 
         offsets = np.array([len(my_rows)])
-        sc.exscan(offsets)           # rank r: rows held by ranks before it (rank 0: its own)
+        sc.exscan(offsets)           # rank r: rows held by ranks before it (rank 0: 0)
     """
     return resolve(group).exscan(array, op, async_op)
 
