@@ -108,10 +108,10 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--seconds", type=float, default=0.2, help="per way, size and round")
     args = parser.parse_args(argv)
-    import shmcomm as sc
+    sys.path.insert(0, BENCH)
+    from bench_tp_decode import spawn_and_report
 
-    os.environ["OMP_NUM_THREADS"] = "1"
-    report(sc.spawn(rank_main, args.n, args=(args,))[0], args)
+    spawn_and_report(rank_main, report, args)
     return 0
 
 

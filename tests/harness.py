@@ -134,3 +134,27 @@ def torch_ranks(fn, size, store_dir, *args, backend="shmcomm", timeout=90.0, **k
             dist.destroy_process_group()
 
     return run_ranks(body, size, *args, init=False, timeout=timeout, **kw)
+
+
+REPO = Path(__file__).resolve().parents[1]
+TORCH_SCRIPTS = Path(__file__).parent / "torch_scripts"
+
+
+def import_torch_distributed():
+    """``(torch, torch.distributed)`` for a torch test module, with ``tests/torch_scripts`` on
+    ``sys.path`` (its check modules); the module is skipped, with the reason, where torch or its
+    distributed package is missing.
+
+    Example::
+
+        torch, dist = import_torch_distributed()   # at the top of a test module
+    """
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available():
+        pytest.skip("torch was built without torch.distributed", allow_module_level=True)
+    if str(TORCH_SCRIPTS) not in sys.path:
+        sys.path.insert(0, str(TORCH_SCRIPTS))
+    return torch, dist

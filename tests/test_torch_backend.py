@@ -11,25 +11,16 @@ import os
 import re
 import subprocess
 import sys
-from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
-dist = pytest.importorskip("torch.distributed")
-if not dist.is_available():
-    pytest.skip("torch was built without torch.distributed", allow_module_level=True)
+from harness import REPO, TORCH_SCRIPTS as SCRIPTS, import_torch_distributed, run_ranks, torch_ranks
 
+torch, dist = import_torch_distributed()
+
+import checks  # noqa: E402 - tests/torch_scripts, on the path from here on
 import shmcomm  # noqa: E402
 import shmcomm.torch as shm_torch  # noqa: E402
-from harness import run_ranks, torch_ranks  # noqa: E402
-
-SCRIPTS = Path(__file__).parent / "torch_scripts"
-sys.path.insert(0, str(SCRIPTS))
-import checks  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def run_script(cmd: list[str], timeout: float = 150) -> subprocess.CompletedProcess:

@@ -14,23 +14,15 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
-dist = pytest.importorskip("torch.distributed")
-if not dist.is_available():
-    pytest.skip("torch was built without torch.distributed", allow_module_level=True)
+from harness import REPO, TORCH_SCRIPTS as SCRIPTS, import_torch_distributed, torch_ranks
 
-from harness import torch_ranks  # noqa: E402
+torch, dist = import_torch_distributed()
+
+import op_checks  # noqa: E402 - tests/torch_scripts, on the path from here on
 from shmcomm.torch_ops import native  # noqa: E402
-
-SCRIPTS = Path(__file__).parent / "torch_scripts"
-sys.path.insert(0, str(SCRIPTS))
-import op_checks  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 # ---- values ---------------------------------------------------------------------------------------
