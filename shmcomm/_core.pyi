@@ -81,6 +81,7 @@ class Communicator:
     closed: bool
     owner_pid: int
     fused_calls: int
+    background_calls: int  # queued ops the group's progress thread ran (the rest ran on callers)
     zero_copy_calls: int
     threads_per_rank: int
     busy_ranks: int

@@ -169,6 +169,7 @@ cdef class Communicator:
     cdef object creds             # shmcomm.trust.Credentials: proves segments are this job's
     cdef uint64_t doze_ns
     cdef readonly unsigned long long fused_calls  # small reductions that ran in a step with others
+    cdef readonly unsigned long long background_calls  # queued ops the progress thread ran
     cdef readonly unsigned long long zero_copy_calls  # calls that read or wrote peers' sc.empty arrays in place
     cdef readonly int threads_per_rank  # busy threads per rank (group_settings), kept for derive
     cdef readonly int busy_ranks  # ranks of the job running here: this group's, or its parent's

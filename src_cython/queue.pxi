@@ -44,6 +44,8 @@ cdef void _run_queued(Communicator self, op_t *o, bint background) noexcept nogi
     else:
         rc = (<_exec_batch_unchecked_t>_exec_batch_entry)(self, batch, k)
     self.background = False
+    if background:
+        self.background_calls += 1
     if rc < 0:
         with gil:
             error = (<_Call>o.call).error = _fetch_exception()

@@ -66,5 +66,5 @@ def test_the_16_core_run_is_valid_bash_and_returns_few_files():
     with open(script) as fh:
         text = fh.read()
     outputs = set(re.findall(r'"\$O/([\w.]+)"', text))
-    assert outputs == {"machine.txt", "all_reduce.md", "zero_copy.txt", "torch_n8.txt", "movement.md",
+    assert outputs == {"machine.txt", "all_reduce.md", "zero_copy.txt", "torch_n8.txt", "torch_ops_n8.txt", "movement.md",
                        "raw.tar.gz", "log.txt"}, outputs
