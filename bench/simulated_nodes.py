@@ -16,7 +16,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from shmcomm.launcher.environment import free_port  # noqa: E402
+from shmcomm.launcher.environment import free_port_pair  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -37,7 +37,7 @@ def start_nodes(script: str, per_node: list[int], *args: str, env: dict | None =
     """Start one node per entry of ``per_node`` (its rank count), each running ``torchrun
     script args`` (``launcher="shmrun"``: shmrun with the same flags); each prints
     ``shm-left=N`` (files left in its /dev/shm) after its job."""
-    port = free_port()
+    port = free_port_pair()  # node 0's shmrun also listens on port + 1
     environ = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
                    SHMCOMM_TIMEOUT="60", **(env or {}))
     nodes = []

@@ -23,6 +23,7 @@ import pytest
 
 from shmcomm import segments
 from shmcomm.launcher import cpus as cpu_topology
+from shmcomm.launcher.environment import free_port_pair
 
 SCRIPTS = Path(__file__).parent / "launcher_scripts"
 LAUNCH = [sys.executable, "-m", "shmcomm.launch"]
@@ -563,20 +564,6 @@ def test_several_nodes_get_torchruns_environment(capsys):
         assert message in capsys.readouterr().err
 
 
-def free_port_pair() -> int:
-    """A port P such that P and P + 1 (the node link) are both free on 127.0.0.1 now."""
-    from shmcomm.launcher.environment import free_port
-
-    while True:
-        port = free_port()
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-
-
 def forge(port: int, read_first: bool) -> None:
     """What any local user can do: connect to the node link and say node 1 failed (read the
     challenge first and answer it with a made-up proof, or just talk)."""
@@ -810,8 +797,9 @@ def test_other_output_ends_an_unfinished_line_first(tmp_path, steps, stderr, ran
 
 @pytest.mark.timeout(30)
 def test_last_unfinished_line_is_ended_and_in_the_summary(tmp_path):
-    res = shmrun("-n", "2", "--no-prefix", "steps.py", str(tmp_path), "1/err:no newline",
-                 "1/exit:4", "0/out:a\\rb")
+    # rank 1 fails only once rank 0 wrote its unfinished line (else shmrun may stop rank 0 first)
+    res = shmrun("-n", "2", "--no-prefix", "steps.py", str(tmp_path), "0/out:a\\rb", "0/touch:written",
+                 "0/wait:never", "1/wait:written", "1/err:no newline", "1/exit:4")
     assert res.returncode == 4
     assert res.stdout == b"a\rb\n"
     assert res.stderr.startswith(b"no newline\n"), res.stderr  # ended before the summary

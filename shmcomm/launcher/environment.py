@@ -31,6 +31,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port_pair() -> int:
+    """A port P such that P and P + 1 are both free on 127.0.0.1 now: ``--master-port`` for
+    ``shmrun --nnodes``, whose node 0 also listens on P + 1 (the link between nodes). Example::
+
+        port = free_port_pair()   # for --master-port of every node
+    """
+    while True:
+        port = free_port()
+        if port + 1 > 65535:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+
+
 def job_name(cfg: LaunchConfig, attempt: int) -> str:
     """The job's name (``SHMCOMM_JOB``, ``TORCHELASTIC_RUN_ID``) for attempt ``attempt``: on one
     node a name no other job has; on several, one name every node derives alike, as the numpy

@@ -3,7 +3,9 @@
 Usage: steps.py SYNC_DIR STEP...   where each STEP is RANK/ACTION:ARG, done only by that rank:
     out:TEXT    write TEXT (Python escapes such as \\r and \\n allowed) to stdout, unbuffered
     err:TEXT    the same on stderr
-    wait:NAME   wait until the file SYNC_DIR/NAME exists (the test creates it); exit 3 after 20 s
+    wait:NAME   wait until the file SYNC_DIR/NAME exists (the test or a touch step creates it);
+                exit 3 after 20 s
+    touch:NAME  create the file SYNC_DIR/NAME (another rank's wait step goes on)
     dots:NAME   write "." to stdout every 30 ms until the file SYNC_DIR/NAME exists
     input:TEXT  input(TEXT) (the prompt goes to stdout), then print "got <answer>"
     exit:CODE   exit with CODE
@@ -29,6 +31,8 @@ for step in sys.argv[2:]:
             if time.monotonic() > deadline:
                 sys.exit(3)
             time.sleep(0.02)
+    elif action == "touch":
+        open(os.path.join(sync_dir, arg), "w").close()
     elif action == "dots":
         deadline = time.monotonic() + 20
         while not os.path.exists(os.path.join(sync_dir, arg)) and time.monotonic() < deadline:
