@@ -24,22 +24,24 @@ ReduceOp.__doc__ = """Element-wise reductions: SUM, PRODUCT, MIN, MAX, AVG, BAND
     """
 
 _OP_CODES = {member: int(member) for member in ReduceOp}
+_OP_ALIASES = {"PROD": "PRODUCT"}  # as numpy and MPI (MPI_PROD) spell it
 
 
 def op_code(op) -> int:
-    """Code of ``op`` (a ReduceOp, its name, or torch's ReduceOp); ValueError names bad input.
+    """Code of ``op`` (a ReduceOp, its name in any case, "prod" for PRODUCT, or torch's
+    ReduceOp); ValueError names bad input.
 
     Example::
 
-        >>> op_code("max"), op_code(ReduceOp.SUM)
-        (3, 0)
+        >>> op_code("max"), op_code(ReduceOp.SUM), op_code("prod")
+        (3, 0, 1)
     """
     code = _OP_CODES.get(op) if op.__class__ is ReduceOp else None
     if code is not None:
         return code
     if isinstance(op, str):
         try:
-            return int(ReduceOp[op.upper()])
+            return int(ReduceOp[_OP_ALIASES.get(op.upper(), op.upper())])
         except KeyError:
             pass
     elif isinstance(op, int) and not isinstance(op, bool) and 0 <= op < len(ReduceOp):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from shmcomm import _core
 from shmcomm.torch_ops import kernels
 from shmcomm.torch_ops.groups import resolve
 
@@ -69,8 +70,8 @@ def all_reduce_(tensor: torch.Tensor, group=None, op="sum") -> torch.Tensor:
     compiling = _is_compiling()
     if not compiling and kernels.direct_all_reduce(tensor, op, group):  # the common case, eagerly
         return tensor
-    if not isinstance(op, str):
-        op = str(op).rsplit(".", 1)[-1].lower()  # dist.ReduceOp.SUM -> "sum"
+    if not isinstance(op, str):  # a ReduceOp (shmcomm's or torch's): the name the ops take
+        op = _core.OP_NAMES[kernels.op_code(op)].lower()
     if compiling:
         return torch.ops.shmcomm.all_reduce_(tensor, op, group_name_of(group))
     return kernels.all_reduce_(tensor, op, group_name_of(group))

@@ -51,31 +51,30 @@ SCHEMAS = {
                           "str? group_name=None) -> Tensor"),
 }
 
-# reduce_op name -> shmcomm op code; the names torch's functional collectives pass (str(ReduceOp)
-# lower-cased), and "prod" as numpy and MPI users write it. PREMUL_SUM needs a factor, which a
-# name cannot carry: dist.all_reduce(t, op=dist._make_nccl_premul_sum(f)) serves it.
+# reduce_op name -> shmcomm op code, for the direct path's one dict look-up: the names torch's
+# functional collectives pass (str(ReduceOp) lower-cased) and "prod"; shmcomm.ops.op_code is the
+# one home of the names. PREMUL_SUM needs a factor, which a name cannot carry.
 _OP_CODES = {name.lower(): code for code, name in enumerate(_core.OP_NAMES) if name != "PREMUL_SUM"}
-_OP_CODES["prod"] = _OP_CODES["product"]
-# reduce_op name -> the torch ReduceOp the group's general path takes
-_REDUCE_OPS = {name: dist.ReduceOp(getattr(dist.ReduceOp.RedOpType, _core.OP_NAMES[code]))
-               for name, code in _OP_CODES.items()}
+_OP_CODES["prod"] = _core.op_code("prod")
+# op code -> the torch ReduceOp the group's general path takes
+_REDUCE_OPS = {code: dist.ReduceOp(getattr(dist.ReduceOp.RedOpType, _core.OP_NAMES[code]))
+               for code in set(_OP_CODES.values())}
 
 
-def op_code(reduce_op: str) -> int:
-    """The shmcomm op code of a ``reduce_op`` name; ValueError naming the accepted ones.
+def op_code(reduce_op) -> int:
+    """The shmcomm op code of a ``reduce_op`` (a name in any case, or a ReduceOp), by
+    ``shmcomm.ops.op_code``; ValueError naming the names the ops accept.
 
     Example::
 
         op_code("sum")   # 0
     """
-    code = _OP_CODES.get(reduce_op)
-    if code is None:
-        code = _OP_CODES.get(str(reduce_op).lower()) if isinstance(reduce_op, str) else None
-        if code is None:
-            hint = (" (PREMUL_SUM needs its factor: dist.all_reduce(t, op=dist._make_nccl_premul_sum(f)))"
-                    if str(reduce_op).lower() == "premul_sum" else "")
-            raise ValueError(f"reduce_op must be one of {sorted(_OP_CODES)}, got {reduce_op!r}{hint}")
-    return code
+    try:
+        return _core.op_code(reduce_op)
+    except ValueError:
+        hint = (" (PREMUL_SUM needs its factor: dist.all_reduce(t, op=dist._make_nccl_premul_sum(f)))"
+                if str(reduce_op).lower() == "premul_sum" else "")
+        raise ValueError(f"reduce_op must be one of {sorted(_OP_CODES)}, got {reduce_op!r}{hint}") from None
 
 
 def _sync_options(options_type, **fields):
@@ -104,8 +103,7 @@ def all_reduce_(input: torch.Tensor, reduce_op: str, group_name: str | None = No
     if direct_all_reduce(input, reduce_op, group_name):
         return input
     group = resolve(group_name)
-    op_code(reduce_op)
-    opts = _sync_options(_c10d.AllreduceOptions, reduceOp=_REDUCE_OPS[reduce_op.lower()])
+    opts = _sync_options(_c10d.AllreduceOptions, reduceOp=_REDUCE_OPS[op_code(reduce_op)])
     group.allreduce([input], opts).wait()
     return input
 
@@ -175,9 +173,8 @@ def reduce_scatter_tensor(input: torch.Tensor, reduce_op: str, group_size: int,
     """
     group = resolve(group_name)
     _check_size(group, group_size, "reduce_scatter_tensor")
-    op_code(reduce_op)
+    opts = _sync_options(_c10d.ReduceScatterOptions, reduceOp=_REDUCE_OPS[op_code(reduce_op)])
     out = input.new_empty(_scattered_shape(input, group_size))
-    opts = _sync_options(_c10d.ReduceScatterOptions, reduceOp=_REDUCE_OPS[reduce_op.lower()])
     group.reduce_scatter_single(out, input, opts).wait()
     return out
 

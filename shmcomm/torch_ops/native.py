@@ -61,7 +61,8 @@ def load() -> bool:
         cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=["-O2"],
                            is_python_module=False, verbose=False)
     except Exception as exc:  # noqa: BLE001 - no compiler, no ninja, headers missing: the Python kernel serves
-        return _give_up(f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}")
+        last_line = (str(exc).strip().splitlines() or [""])[-1]  # a compiler's log ends with the cause
+        return _give_up(f"{type(exc).__name__}: {last_line}")
     _STATE["loaded"] = True
     return True
 
