@@ -21,7 +21,8 @@ import numpy as np
 
 from shmcomm._core import ReduceOp, reduce_kernel
 
-from .common import _REDUCING, _ROOTED
+from . import peers
+from .common import _REDUCING, _ROOTED, MPI_BACKENDS
 from .dtypes import bench_dtype, itemsize, kind as dtype_kind, unavailable
 from .sizes import collective_sizes
 
@@ -109,7 +110,16 @@ def peer_skip(backend: str, case: Case) -> str | None:
             return "gloo reduces complex numbers with sum and avg only"
         if op == "avg" and kind not in ("float", "complex"):
             return "gloo averages floating-point types only"
-    if backend == "mpi":
+    if backend == "deepspeed":
+        if case.collective != "all_reduce":
+            return "DeepSpeed's shared-memory op is an all_reduce only"
+        if op != "sum":
+            return "DeepSpeed's shared-memory op sums only"
+        if dt not in ("float32", "bfloat16", "float16"):
+            return "DeepSpeed's shared-memory op takes float32, bfloat16 and float16 only"
+        if dt != "float32":
+            return peers.deepspeed_half_missing()
+    if backend in MPI_BACKENDS:
         if dt in ("float16", "bfloat16"):
             return f"MPI has no standard {dt} datatype"
         if op == "avg":

@@ -6,7 +6,10 @@ from __future__ import annotations
 PROG = "shmcomm-bench"
 COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "gather", "scatter",
                "reduce_scatter", "all_to_all", "send_recv", "barrier")
-BACKENDS = ("shmcomm", "gloo", "mpi")
+# The peers: gloo (torch.distributed), mpi (mpi4py under the mpirun on PATH: Open MPI, MPICH),
+# impi (mpi4py under Intel MPI's own mpiexec), deepspeed (DeepSpeed's shared-memory all_reduce op).
+BACKENDS = ("shmcomm", "gloo", "mpi", "impi", "deepspeed")
+MPI_BACKENDS = ("mpi", "impi")  # one mpirun process starts the ranks
 VARIANTS = ("out-of-place", "in-place")
 EXIT_USAGE = 2  # what argparse uses
 # Collectives whose result is a reduction; only these use --op (nccl-tests prints "none" otherwise).

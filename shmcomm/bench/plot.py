@@ -11,7 +11,8 @@ import math
 
 from .common import BACKENDS, VARIANTS, BenchError
 
-_COLORS = {"shmcomm": "tab:blue", "gloo": "tab:orange", "mpi": "tab:green"}
+_COLORS = {"shmcomm": "tab:blue", "gloo": "tab:orange", "mpi": "tab:green", "impi": "tab:red",
+           "deepspeed": "tab:purple"}
 _MARKERS = "osD^v<>pP*Xh"
 _MAX_TICKS = 12
 

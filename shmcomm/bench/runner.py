@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from shmcomm.launcher.cpus import usable_cores
 from shmcomm.launcher.environment import free_port, threads_per_rank
 
+from . import peers
 from .cases import Case, peer_skip, steps
-from .common import _MARK
+from .common import _MARK, MPI_BACKENDS
 from .turns import Gates
 
 _TAIL_LINES = 15
@@ -53,6 +54,12 @@ def backend_available(name: str) -> tuple[bool, str]:
         if _mpirun() is None:
             return False, "no mpirun or mpiexec on PATH"
         return True, ""
+    if name == "impi":
+        why = peers.intel_mpi().reason
+        return (False, why) if why else (True, "")
+    if name == "deepspeed":
+        why = peers.deepspeed_missing()
+        return (False, why) if why else (True, "")
     return False, f"unknown backend {name!r}"
 
 
@@ -130,6 +137,12 @@ def _launch(backend: str, nranks: int, cfg: dict, logdir: str, mpi_args: list[st
         env.setdefault("OMPI_MCA_btl_base_warn_component_unused", "0")
         env.setdefault("OMPI_MCA_hwloc_base_report_bindings", "0")
         shown = " ".join(launcher) + " python -m shmcomm.bench --worker mpi ..."
+        groups = [(launcher + cmd, env)]
+    elif backend == "impi":
+        impi = peers.intel_mpi()
+        env.update({k: env.get(k, v) if k == "I_MPI_FABRICS" else v for k, v in impi.environment().items()})
+        launcher = [impi.mpiexec, "-n", str(nranks)]  # --mpirun-args are for the mpi backend's
+        shown = " ".join(launcher) + " python -m shmcomm.bench --worker impi ..."
         groups = [(launcher + cmd, env)]
     else:
         per_rank = {"RANK": None, "WORLD_SIZE": str(nranks), "LOCAL_WORLD_SIZE": str(nranks)}
@@ -291,18 +304,23 @@ class _Running:
         self._pending, self._events = b"", collections.deque()
         self._sel = selectors.DefaultSelector()
         self._sel.register(procs[0].stdout, selectors.EVENT_READ)
+        self._shm_before = None  # DeepSpeed's: /dev/shm before its workers started (see start)
 
     @classmethod
     def start(cls, backend, nranks, cfg, tmp, mpi_args, timeout, progress) -> "_Running":
         gates = Gates(tmp, backend, nranks)
         cfg = dict(cfg, nranks=nranks, gate=gates.template)
         result = BackendResult(backend, "failed")
+        # DeepSpeed's op never removes its /dev/shm buffers: the ones its run adds are removed
+        before = peers.deepspeed_leftovers() if backend == "deepspeed" else None
         try:
             procs, logs, result.command, job = _launch(backend, nranks, cfg, tmp, mpi_args)
         except BaseException:
             gates.close()
             raise
-        return cls(result, procs, logs, job, gates, timeout, progress, [Case(*c) for c in cfg["cases"]])
+        run = cls(result, procs, logs, job, gates, timeout, progress, [Case(*c) for c in cfg["cases"]])
+        run._shm_before = before
+        return run
 
     def next(self, kind: str) -> dict | None:
         """Handle rank 0's events until one of ``kind`` (returned); None if the run ended."""
@@ -391,6 +409,8 @@ class _Running:
                     p.stdout.close()
             if self.job is not None:
                 _remove_leftovers(self.job, result)
+            if self._shm_before is not None:
+                _remove_deepspeed_buffers(peers.deepspeed_leftovers() - self._shm_before, result)
 
 
 def _failure_text(backend: str, procs, logs) -> str:
@@ -398,7 +418,7 @@ def _failure_text(backend: str, procs, logs) -> str:
     for i, (p, log) in enumerate(zip(procs, logs)):
         code = p.poll()
         if code not in (None, 0):
-            who = "mpirun" if backend == "mpi" else f"rank {i}"
+            who = "mpirun" if backend in MPI_BACKENDS else f"rank {i}"
             state = f"signal {-code}" if code < 0 else f"exit code {code}"
             parts.append(f"{who} (pid {p.pid}) ended with {state}")
             tail = _tail(log)
@@ -410,6 +430,18 @@ def _failure_text(backend: str, procs, logs) -> str:
         tail = _tail(logs[0])
         parts.append(tail or "workers ended without a result")
     return "\n".join(parts)
+
+
+def _remove_deepspeed_buffers(paths: set[str], result: BackendResult) -> None:
+    """Remove what DeepSpeed's op left in /dev/shm during its run, and say so in the report."""
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    if paths:
+        result.warnings.append(f"DeepSpeed's op left {len(paths)} file(s) in /dev/shm (it never removes "
+                               f"its buffers); removed: {', '.join(sorted(os.path.basename(p) for p in paths))}")
 
 
 def _remove_leftovers(job: str, result: BackendResult) -> None:

@@ -1,4 +1,5 @@
-"""Worker side, one class per backend (shmcomm, torch.distributed gloo, mpi4py): each wraps its
+"""Worker side, one class per backend (shmcomm, torch.distributed gloo, mpi4py under Open MPI or
+MPICH and under Intel MPI, DeepSpeed's all_reduce op): each wraps its
 library's API into the timed calls and the object exchanges the sweep needs, and says which
 variants (out-of-place, in-place) its API has, and why not where it lacks one."""
 
@@ -8,8 +9,8 @@ import os
 
 import numpy as np
 
+from . import peers
 from .cases import reduce_op
-from .runner import _mpirun
 
 
 class _Worker:
@@ -234,9 +235,10 @@ class _MpiWorker(_Worker):
         self.comm = MPI.COMM_WORLD
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         if self.size != cfg["nranks"]:
-            # mpi4py built for another MPI than this mpirun: each process is a world of its own
-            raise RuntimeError(f"MPI world size is {self.size}, expected {cfg['nranks']}: is mpi4py "
-                               f"built against the MPI of {_mpirun()}?")
+            # mpi4py loaded another MPI than the launcher's: each process is a world of its own
+            raise RuntimeError(f"MPI world size is {self.size}, expected {cfg['nranks']}: mpi4py loaded "
+                               f"{MPI.Get_library_version().splitlines()[0]!r}, not the MPI of the "
+                               "launcher (MPI4PY_LIBMPI names the library to load)")
         self.ops = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX, "band": MPI.BAND,
                     "bor": MPI.BOR, "bxor": MPI.BXOR}
 
@@ -301,4 +303,37 @@ class _MpiWorker(_Worker):
         pass  # mpi4py finalizes MPI at exit
 
 
-_WORKERS = {"shmcomm": _ShmcommWorker, "gloo": _GlooWorker, "mpi": _MpiWorker}
+class _IntelMpiWorker(_MpiWorker):
+    """mpi4py on Intel MPI (started by its own mpiexec, which loads its libmpi: runner.py)."""
+
+    name = "impi"
+
+
+class _DeepSpeedWorker(_GlooWorker):
+    """DeepSpeed's shared-memory all_reduce (``torch.ops.deepspeed.inference_all_reduce_``), the op
+    DeepSpeed's CPU inference calls; everything around it (barriers, object exchange) on gloo."""
+
+    name = "deepspeed"
+    api_name = "DeepSpeed's op"
+    lacks = {**_GlooWorker.lacks, **_in_place_only(api_name)}
+
+    def __init__(self, cfg: dict):
+        super().__init__(cfg)
+        why = peers.start_deepspeed(self.size)
+        if why:
+            raise RuntimeError(why)
+
+    def make_call(self, case, variant, send, recv, chunk, dt):
+        if case.collective != "all_reduce":  # cases.peer_skip keeps the others away
+            raise ValueError(f"DeepSpeed's op has no {case.collective}")
+        op, buf = self.torch.ops.deepspeed.inference_all_reduce_, self.wrap(recv, dt)
+        return lambda: op(buf)
+
+    def versions(self) -> dict:
+        import deepspeed
+
+        return {"deepspeed": deepspeed.__version__, "torch": self.torch.__version__}
+
+
+_WORKERS = {"shmcomm": _ShmcommWorker, "gloo": _GlooWorker, "mpi": _MpiWorker, "impi": _IntelMpiWorker,
+            "deepspeed": _DeepSpeedWorker}
