@@ -78,6 +78,11 @@ class Communicator:
     cma_bytes: int
     unexpected_bytes: int
     stream_bytes: int
+    slot_stream_bytes: int  # calls this large may write their slot copies with streaming stores
+    # bit b set: calls of size class b (4 KiB << b and up) stream their slot copies now (adapted)
+    @property
+    def slot_stores(self) -> int: ...
+    def _fix_slot_stores(self, mask: int) -> None: ...  # fix the mask, stop adapting (benchmarks)
     closed: bool
     owner_pid: int
     fused_calls: int

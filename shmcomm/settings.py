@@ -119,6 +119,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("SHMCOMM_STREAM_BYTES", "group", "half the last-level cache",
             "outputs this large are written with streaming stores", 0, "stream_bytes",
             lambda g: g["llc"] // 2, _THRESHOLD_MAX),
+    # Slots are written by one rank and read by the others. A line written with a normal store
+    # stays dirty in the writer's cache, and each reader must take it from there; on this
+    # 2-core VM that transfer has two speeds, changing every few seconds with where the host
+    # runs the vCPUs: 64 KiB exchanged each way took 43-48 us with normal stores against 9-10
+    # streamed in the slow one, 11-13 against 10-12 in the other (bench/bench_copy_in.py).
+    Setting("SHMCOMM_SLOT_STREAM_BYTES", "group", "4 KiB",
+            "copies into the shared slots this large are written with streaming stores", 0,
+            "slot_stream_bytes", lambda g: 4096, _THRESHOLD_MAX),
     # A futex wake-up costs tens of microseconds, far more when another process holds the core;
     # a rank blocked for seconds still sleeps almost all the time. More ranks than cores: the
     # peer needs our core, so never spin.

@@ -4,6 +4,7 @@ from libc.stdint cimport int32_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 cdef extern from "shm_sync.h" nogil:
     uint32_t shm_load_acquire(const uint32_t *p)
+    uint32_t shm_load_relaxed(const uint32_t *p)
     uint32_t shm_load_seq_cst(const uint32_t *p)
     uint64_t shm_load_acquire64(const uint64_t *p)
     void shm_store_release64(uint64_t *p, uint64_t v)
@@ -71,6 +72,7 @@ cdef extern from "shm_layout.h" nogil:
         uint32_t abort_claim
         char abort_reason[512]
         int32_t abort_peer_pid
+        uint32_t slot_stores
 
     ctypedef struct shm_heap_header_t:
         uint64_t magic
@@ -144,6 +146,7 @@ cdef extern from "shm_engine.h" nogil:
 
 cdef extern from "shm_copy.h" nogil:
     void shm_move_out(char *dst, const char *src, size_t n, int stream)
+    void shm_stream_copy(char *dst, const char *src, size_t n)
 
 
 cdef extern from "shm_dtypes.h" nogil:

@@ -151,6 +151,13 @@ cdef class Communicator:
     cdef char *staging            # kept across calls (no page faults): in-place all_to_all's input copy
     cdef size_t staging_bytes
     cdef readonly size_t stream_bytes  # results this large go out with streaming stores
+    cdef readonly size_t slot_stream_bytes  # slot copies this large may stream (slot_stores.pxi)
+    # ---- rank 0: the choice of slot stores (slot_stores.pxi)
+    cdef uint64_t store_calls[16]  # per size class: timed calls since its period began
+    cdef uint64_t store_period[16]  # per size class: timed calls from one window to the next (0: not begun)
+    cdef double store_ns[16]      # per size class: average ns of a call with the stores in use
+    cdef double probe_ns[16]      # per size class: ns of the window's calls, in all
+    cdef int probe_n[16]          # per size class: the window's calls timed
     cdef bint cma_ok              # single-copy reads from peers work here (probed at start)
     cdef readonly size_t cma_bytes  # pieces at least this large use them
     cdef readonly size_t unexpected_bytes  # point to point: unexpected single-copy messages taken
@@ -216,6 +223,7 @@ cdef class Communicator:
         settings = group_settings(size, threads_per_rank, self.busy_ranks)
         self.small_bytes = settings["small_bytes"]
         self.stream_bytes = settings["stream_bytes"]
+        self.slot_stream_bytes = settings["slot_stream_bytes"]
         self.spin_ns = self.spin_max_ns = settings["spin_us"] * 1000
         self.yields = settings["yields"]
         self.doze_ns = settings["progress_us"] * 1000
@@ -317,6 +325,19 @@ cdef class Communicator:
         """Copy n bytes of an output of ``total`` bytes in all (overlap allowed): streaming stores
         from stream_bytes up (not for reductions: their outputs are their cached inputs)."""
         shm_move_out(dst, src, n, total >= self.stream_bytes)
+
+    @property
+    def slot_stores(self) -> int:
+        """Bit b set: calls of size class b (4 KiB << b and up) write their slot copies with
+        streaming stores now; rank 0 adapts it as the group runs (slot_stores.pxi)."""
+        return self.hdr.slot_stores if self.hdr != NULL and not self.closed else 0
+
+    def _fix_slot_stores(self, mask):
+        """Use streaming stores for the size classes set in ``mask`` (0: normal stores for all,
+        0xffff: streaming for all) and stop adapting; every rank must call it alike. For
+        benchmarks and tests that compare the two."""
+        if self.hdr != NULL and not self.closed:
+            _fix_stores(self, <uint32_t>mask)
 
     cdef inline uint64_t _peer_entry(self, int q, int i) noexcept nogil:
         return (<uint64_t *>self.slot(q, self.step))[1 + i]
@@ -727,10 +748,13 @@ cdef int _exec_entry(Communicator c, op_t *o) except -1 nogil:
 
 cdef int _exec_batch_entry(Communicator c, op_t **ops, int k) except -1 nogil:
     """Run k small (or k medium) reductions together; returns how many are done."""
+    cdef uint64_t timer
+    cdef int m
     _begin(c, _kind_cname(ops[0].kind))
-    if _batch_class(c, ops[0]) == 1:
-        return _reduce_batch(c, ops, k)
-    return _reduce_batch_medium(c, ops, k)
+    timer = _stores_timer(c, ops[0].nbytes)
+    m = _reduce_batch(c, ops, k) if _batch_class(c, ops[0]) == 1 else _reduce_batch_medium(c, ops, k)
+    _stores_timed(c, ops[0].nbytes, timer)
+    return m
 
 
 cdef const char *_kind_cname(int kind) noexcept nogil:

@@ -17,10 +17,12 @@
 #include <emmintrin.h>
 #endif
 
-static inline void shm_copy_stream(char *dst, const char *src, size_t n) {
+/* Copy n bytes with streaming stores whatever n (the caller chose; below a cache line there is
+ * nothing to stream), then fence. */
+static inline void shm_stream_copy(char *dst, const char *src, size_t n) {
 #if defined(__SSE2__)
     size_t head = (16 - ((uintptr_t)dst & 15)) & 15, body, i;
-    if (n < 4096) { /* small: the line reads do not matter, the fence would */
+    if (n < 64 + head) {
         memcpy(dst, src, n);
         return;
     }
@@ -42,6 +44,15 @@ static inline void shm_copy_stream(char *dst, const char *src, size_t n) {
 #else
     memcpy(dst, src, n);
 #endif
+}
+
+/* A large copy whose destination will not be read soon: streaming stores from 4 KiB. */
+static inline void shm_copy_stream(char *dst, const char *src, size_t n) {
+    if (n < 4096) { /* small: the line reads do not matter, the fence would */
+        memcpy(dst, src, n);
+        return;
+    }
+    shm_stream_copy(dst, src, n);
 }
 
 /* Copy n bytes of a result into an output array: streaming stores when the caller says the whole

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #define SHM_MAGIC 0x006D6D6F636D6873ull /* "shmcomm\0" */
-#define SHM_VERSION 9u
+#define SHM_VERSION 10u
 #define SHM_HEAP_MAGIC 0x0070616568636873ull /* "shcheap\0" */
 #define SHM_HEADER_BYTES 4096
 #define SHM_CB_BYTES 640
@@ -48,6 +48,10 @@ typedef struct {
     int32_t abort_peer_pid;  /* 904: the cause was the death of this process (0: another cause;
                                 -1: a peer on another node). Written with the reason. */
     uint32_t pad_b;          /* 908 */
+    char pad_c[52];          /* 912 */
+    uint32_t slot_stores;    /* 964: bit b set: copies into the slots of calls in size class b
+                                stream (rank 0 adapts it, every rank reads it: slot_stores.pxi);
+                                a line of its own, written seldom, so reading it is an L1 hit */
 } shm_header_t;
 
 /* Header page of an sc.empty / RPC heap segment; the ranks' data follows at SHM_HEADER_BYTES. */

@@ -21,6 +21,9 @@
 # Every rank reduces in rank order, so every rank gets the same bits.
 
 
+cdef size_t SLOT_STREAM_BLOCK = 8192  # bytes a streamed reduction reduces at a time (L1-sized)
+
+
 cdef object _prep_reduce(Communicator c, op_t *o, object array, int op, int root, double factor):
     cdef buf_t b
     owner = as_buf(array, &b, True, "array")
@@ -44,17 +47,21 @@ cdef int _run_reduce(Communicator c, op_t *o) except -1 nogil:
     cdef char *ptr = o.ptr
     cdef size_t count = o.count, nbytes = o.nbytes, chunk, ch, off = 0, lo, hi
     cdef bint wants = root < 0 or root == c.rank
-    cdef bint cma, first
+    cdef bint cma, first, stream
+    cdef uint64_t timer
     if n == 1:
         if op == SHM_PREMUL_SUM:  # the only op that changes one rank's values
             c.srcs[0], c.factors[0] = ptr, o.factor
             shm_reduce(ptr, c.srcs, c.factors, 1, count, dtype, op)
         return 0
+    timer = _stores_timer(c, nbytes)
     if c._one_shot_size(nbytes):
         _reduce_batch(c, &o, 1)
+        _stores_timed(c, nbytes, timer)
         return 0
     if _medium_size(c, nbytes):
         _reduce_batch_medium(c, &o, 1)
+        _stores_timed(c, nbytes, timer)
         return 0
     _set_desc(c, o.kind, dtype, nbytes, <uint64_t>root, op)
     c._set_factor(o)
@@ -82,8 +89,9 @@ cdef int _run_reduce(Communicator c, op_t *o) except -1 nogil:
         s = c.next_step()
         c._slice(ch, c.rank, itemsize, &lo, &hi)
         # Peers need every part of this chunk but this rank's own slice: copy only those.
-        memcpy(c.slot(c.rank, s), ptr + off * itemsize, lo * itemsize)
-        memcpy(c.slot(c.rank, s) + hi * itemsize, ptr + (off + hi) * itemsize, (ch - hi) * itemsize)
+        stream = _slot_streaming(c, nbytes)
+        _slot_copy(c.slot(c.rank, s), ptr + off * itemsize, lo * itemsize, stream)
+        _slot_copy(c.slot(c.rank, s) + hi * itemsize, ptr + (off + hi) * itemsize, (ch - hi) * itemsize, stream)
         _step(c)
         if first:
             _check_desc(c)
@@ -92,7 +100,7 @@ cdef int _run_reduce(Communicator c, op_t *o) except -1 nogil:
         for q in range(n):
             c.srcs[q] = c.slot(q, s) + lo * itemsize
         c.srcs[c.rank] = ptr + (off + lo) * itemsize
-        shm_reduce(c.slot(c.rank, s + 1) + lo * itemsize, c.srcs, c.factors, n, hi - lo, dtype, op)
+        _reduce_to_slot(c, c.slot(c.rank, s + 1) + lo * itemsize, hi - lo, itemsize, dtype, op, stream)
         _step(c)
         if wants:
             for i in range(n):
@@ -101,6 +109,29 @@ cdef int _run_reduce(Communicator c, op_t *o) except -1 nogil:
                 memcpy(ptr + (off + lo) * itemsize, c.slot(q, s + 1) + lo * itemsize,
                        (hi - lo) * itemsize)
         off += ch
+    _stores_timed(c, nbytes, timer)
+    return 0
+
+
+cdef int _reduce_to_slot(Communicator c, char *dst, size_t count, int itemsize, int dtype, int op,
+                         bint stream) except -1 nogil:
+    """shm_reduce of c.srcs into this rank's slot, for peers to read; with streaming stores
+    (``stream``, slot_stores.pxi) by blocks reduced into private scratch, where they stay in L1,
+    then streamed out. Advances c.srcs."""
+    cdef size_t block = SLOT_STREAM_BLOCK // itemsize, b = 0, m
+    cdef int q
+    cdef char *scratch
+    if not stream:
+        shm_reduce(dst, c.srcs, c.factors, c.size, count, dtype, op)
+        return 0
+    scratch = _scratch(c, block * itemsize)
+    while b < count:
+        m = min(block, count - b)
+        shm_reduce(scratch, c.srcs, c.factors, c.size, m, dtype, op)
+        shm_stream_copy(dst + b * itemsize, scratch, m * itemsize)
+        for q in range(c.size):
+            c.srcs[q] = <const char *>c.srcs[q] + m * itemsize
+        b += m
     return 0
 
 
@@ -189,14 +220,16 @@ cdef int _reduce_batch_medium(Communicator c, op_t **ops, int k) except -1 nogil
     cdef size_t data_off[MAX_BATCH]
     cdef size_t lo, hi
     cdef int j, q, i, m, n = c.size, isz
+    cdef bint stream
     cdef op_t *o
     _pack_headers(c, ops, k, mine, data_off)
     for j in range(k):
         o = ops[j]
         isz = o.itemsize
         c._slice(o.count, c.rank, isz, &lo, &hi)
-        memcpy(mine + data_off[j], o.ptr, lo * isz)
-        memcpy(mine + data_off[j] + hi * isz, o.ptr + hi * isz, (o.count - hi) * isz)
+        stream = _slot_streaming(c, o.nbytes)
+        _slot_copy(mine + data_off[j], o.ptr, lo * isz, stream)
+        _slot_copy(mine + data_off[j] + hi * isz, o.ptr + hi * isz, (o.count - hi) * isz, stream)
     o = ops[0]
     _set_desc(c, o.kind, o.dtype, o.nbytes, <uint64_t>o.root, o.op)
     c._set_factor(o)
@@ -211,8 +244,8 @@ cdef int _reduce_batch_medium(Communicator c, op_t **ops, int k) except -1 nogil
             c.srcs[q] = c.slot(q, s) + data_off[j] + lo * isz
         c.srcs[c.rank] = o.ptr + lo * isz
         _load_batch_factors(c, ops, j, s, data_off)
-        shm_reduce(c.slot(c.rank, s + 1) + data_off[j] + lo * isz, c.srcs, c.factors, n, hi - lo,
-                   o.dtype, o.op)
+        _reduce_to_slot(c, c.slot(c.rank, s + 1) + data_off[j] + lo * isz, hi - lo, isz, o.dtype, o.op,
+                        _slot_streaming(c, o.nbytes))
     _step(c)
     for j in range(m):
         o = ops[j]
@@ -236,7 +269,7 @@ cdef int _reduce_batch(Communicator c, op_t **ops, int k) except -1 nogil:
     cdef bint inlined = ops[0].nbytes <= INLINE_BYTES  # the same on every rank once checked
     _pack_headers(c, ops, k, mine, data_off)
     for j in range(1 if inlined else 0, k):
-        memcpy(mine + data_off[j], ops[j].ptr, ops[j].nbytes)
+        _slot_copy(mine + data_off[j], ops[j].ptr, ops[j].nbytes, _slot_streaming(c, ops[j].nbytes))
     o = ops[0]
     _set_desc(c, o.kind, o.dtype, o.nbytes, <uint64_t>o.root, o.op)
     c._set_factor(o)

@@ -1,0 +1,119 @@
+"""The stores that write the shared slots (src_cython/slot_stores.pxi): streaming or normal, chosen
+per size class by rank 0 as the group runs, read by every rank from the segment's header.
+
+Results must not depend on the choice (same bits either way, every path through the slots), and
+the choice must move exactly as the schedule says: timed calls of the slot paths from
+SHMCOMM_SLOT_STREAM_BYTES up, a probing window that flips a class after 502 calls of it, nothing
+timed or flipped for smaller calls or with the setting at 0, nothing after a fixed mask.
+"""
+
+import numpy as np
+import pytest
+
+import shmcomm as sc
+from harness import run_ranks
+from reference import assert_same_bits, make_input, reduce_reference
+
+ALL = 0xFFFF
+WINDOW_OPENS = 512 - 10  # STORE_PERIOD_MIN - STORE_WINDOW timed calls
+
+
+def _comm(group=None):
+    from shmcomm.group import default_group
+
+    return (group or default_group())._comm
+
+
+def _same_results_either_way(rank, size, counts, dtypes):
+    """all_reduce, reduce and broadcast through the slots with every class streamed, then with
+    none, against references computed independently (float64/int64 in reference.py)."""
+    comm = _comm()
+    for mask in (ALL, 0):
+        comm._fix_slot_stores(mask)  # every rank writes the same mask into the shared header
+        sc.barrier()
+        for dtype in dtypes:
+            for op in ("SUM", "MAX", "PRODUCT"):
+                for count in counts:
+                    what = f"mask {mask:#x} {np.dtype(dtype).name} {op} count={count}"
+                    inputs = [make_input(np.dtype(dtype), count, r) for r in range(size)]
+                    x = inputs[rank].copy()
+                    sc.all_reduce(x, op=sc.ReduceOp[op])
+                    assert_same_bits(x, reduce_reference(inputs, op), "all_reduce " + what)
+                    y = inputs[rank].copy()
+                    sc.reduce(y, dst=size - 1, op=sc.ReduceOp[op])
+                    if rank == size - 1:
+                        assert_same_bits(y, reduce_reference(inputs, op), "reduce " + what)
+        sc.barrier()  # before any rank fixes the next mask
+        assert comm.slot_stores == mask, "a fixed mask moved"
+        sc.barrier()
+    return True
+
+
+# One shot (<= 16 KiB at 2 ranks), two steps (medium, up to the 1 MiB slot), and odd sizes that
+# leave a tail short of a cache line in every streamed copy.
+COUNTS = [1, 1023, 1024, 4097, 16384, 40001, 200_000]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_streamed_and_normal_slot_stores_give_the_same_results(world):
+    assert all(run_ranks(_same_results_either_way, world, COUNTS, ["float32", "int64", "float64"],
+                         timeout=230, env={"SHMCOMM_CMA_BYTES": 1 << 30}))
+
+
+@pytest.mark.timeout(120)
+def test_streamed_slot_stores_through_the_pipeline():
+    """Arrays larger than a slot (the pipelined path, single copy off), uneven chunks."""
+    env = {"SHMCOMM_CMA_BYTES": 0, "SHMCOMM_SLOT_BYTES": 65536}
+    assert all(run_ranks(_same_results_either_way, 3, [70_001, 300_000], ["float32", "float64"],
+                         timeout=110, env=env))
+
+
+def _masks_after(rank, size, nbytes, calls):
+    """The header's mask after ``calls`` all_reduces of ``nbytes``, as every rank reads it."""
+    a = np.empty(nbytes // 4, np.float32)
+    for _ in range(calls):
+        a[...] = rank + 1
+        sc.all_reduce(a)
+    np.testing.assert_array_equal(a, np.full_like(a, size * (size + 1) // 2))
+    sc.barrier()  # rank 0 flips after its last call: every rank reads after that
+    return _comm().slot_stores
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_probing_window_flips_the_class_for_every_rank(world):
+    """After 502 timed calls of 64 KiB (size class 4: 64-128 KiB) rank 0 opens that class's
+    window: its bit flipped, and only its, seen by every rank."""
+    masks = run_ranks(_masks_after, world, 64 << 10, WINDOW_OPENS, timeout=50,
+                      env={"SHMCOMM_CMA_BYTES": 1 << 30})
+    assert masks == [1 << 4] * world
+    masks = run_ranks(_masks_after, world, 64 << 10, WINDOW_OPENS - 1, timeout=50,
+                      env={"SHMCOMM_CMA_BYTES": 1 << 30})
+    assert masks == [0] * world
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("nbytes, env", [(2048, {}), (64 << 10, {"SHMCOMM_SLOT_STREAM_BYTES": 0}),
+                                         (16 << 10, {"SHMCOMM_SLOT_STREAM_BYTES": 32 << 10})])
+def test_calls_below_the_threshold_or_with_it_off_are_never_timed(nbytes, env):
+    masks = run_ranks(_masks_after, 2, nbytes, WINDOW_OPENS, timeout=50,
+                      env={"SHMCOMM_CMA_BYTES": 1 << 30, **env})
+    assert masks == [0, 0]
+
+
+def _fixed_mask_stays(rank, size):
+    comm = _comm()
+    comm._fix_slot_stores(0x10)  # 64 KiB calls stream, the rest do not
+    sc.barrier()
+    a = np.ones(16 << 10, np.float32)
+    for _ in range(WINDOW_OPENS + 20):
+        sc.all_reduce(a)
+        a[...] = 1
+    sc.barrier()
+    return comm.slot_stores
+
+
+@pytest.mark.timeout(60)
+def test_a_fixed_mask_is_never_probed():
+    assert run_ranks(_fixed_mask_stays, 2, timeout=50, env={"SHMCOMM_CMA_BYTES": 1 << 30}) == [0x10, 0x10]
