@@ -25,24 +25,30 @@ def _comm(group=None):
 
 
 def _same_results_either_way(rank, size, counts, dtypes):
-    """all_reduce, reduce and broadcast through the slots with every class streamed, then with
-    none, against references computed independently (float64/int64 in reference.py)."""
+    """all_reduce, reduce, broadcast and all_gather through the slots with every class streamed,
+    then with none, against references computed independently (float64/int64 in reference.py)."""
     comm = _comm()
     for mask in (ALL, 0):
         comm._fix_slot_stores(mask)  # every rank writes the same mask into the shared header
         sc.barrier()
         for dtype in dtypes:
-            for op in ("SUM", "MAX", "PRODUCT"):
-                for count in counts:
-                    what = f"mask {mask:#x} {np.dtype(dtype).name} {op} count={count}"
-                    inputs = [make_input(np.dtype(dtype), count, r) for r in range(size)]
+            for count in counts:
+                inputs = [make_input(np.dtype(dtype), count, r) for r in range(size)]
+                what = f"mask {mask:#x} {np.dtype(dtype).name} count={count}"
+                for op in ("SUM", "MAX", "PRODUCT"):
                     x = inputs[rank].copy()
                     sc.all_reduce(x, op=sc.ReduceOp[op])
-                    assert_same_bits(x, reduce_reference(inputs, op), "all_reduce " + what)
+                    assert_same_bits(x, reduce_reference(inputs, op), f"all_reduce {op} {what}")
                     y = inputs[rank].copy()
                     sc.reduce(y, dst=size - 1, op=sc.ReduceOp[op])
                     if rank == size - 1:
-                        assert_same_bits(y, reduce_reference(inputs, op), "reduce " + what)
+                        assert_same_bits(y, reduce_reference(inputs, op), f"reduce {op} {what}")
+                z = inputs[rank].copy()  # the slot copies of broadcast and all_gather too
+                sc.broadcast(z, src=1)
+                assert_same_bits(z, inputs[1], "broadcast " + what)
+                out = np.empty(count * size, inputs[rank].dtype)
+                sc.all_gather_into(out, inputs[rank])
+                assert_same_bits(out, np.concatenate(inputs), "all_gather_into " + what)
         sc.barrier()  # before any rank fixes the next mask
         assert comm.slot_stores == mask, "a fixed mask moved"
         sc.barrier()

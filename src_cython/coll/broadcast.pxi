@@ -40,7 +40,7 @@ cdef int _run_broadcast(Communicator c, op_t *o) except -1 nogil:
         ch = min(c.slot_bytes, nbytes - off)
         s = c.next_step()
         if c.rank == root:
-            memcpy(c.slot(root, s), ptr + off, ch)
+            _slot_copy(c.slot(root, s), ptr + off, ch, _slot_streaming(c, nbytes))
         _step(c)
         if first:
             _check_desc(c)

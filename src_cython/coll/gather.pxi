@@ -104,7 +104,7 @@ cdef int _run_gather(Communicator c, op_t *o) except -1 nogil:
     while first or off < nbytes:
         ch = min(c.slot_bytes, nbytes - off)
         s = c.next_step()
-        memcpy(c.slot(c.rank, s), inp + off, ch)
+        _slot_copy(c.slot(c.rank, s), inp + off, ch, _slot_streaming(c, nbytes))
         _step(c)
         if first:
             _check_desc(c)
