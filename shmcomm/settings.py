@@ -119,13 +119,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("SHMCOMM_STREAM_BYTES", "group", "half the last-level cache",
             "outputs this large are written with streaming stores", 0, "stream_bytes",
             lambda g: g["llc"] // 2, _THRESHOLD_MAX),
-    # Slots are written by one rank and read by the others. A line written with a normal store
-    # stays dirty in the writer's cache, and each reader must take it from there; on this
-    # 2-core VM that transfer has two speeds, changing every few seconds with where the host
-    # runs the vCPUs: 64 KiB exchanged each way took 43-48 us with normal stores against 9-10
-    # streamed in the slow one, 11-13 against 10-12 in the other (bench/bench_copy_in.py).
+    # Slots are written by one rank and read by the others; which stores write them is measured
+    # and chosen as the group runs (src_cython/slot_stores.pxi has the numbers).
     Setting("SHMCOMM_SLOT_STREAM_BYTES", "group", "4 KiB",
-            "copies into the shared slots this large are written with streaming stores", 0,
+            "calls this large may write their slot copies with streaming stores: rank 0 measures "
+            "both kinds per size class as the group runs and chooses for every rank; 0: never", 0,
             "slot_stream_bytes", lambda g: 4096, _THRESHOLD_MAX),
     # A futex wake-up costs tens of microseconds, far more when another process holds the core;
     # a rank blocked for seconds still sleeps almost all the time. More ranks than cores: the
@@ -197,6 +195,8 @@ SETTINGS: tuple[Setting, ...] = (
     # ---- tools and the build ------------------------------------------------------------------
     Setting("SHMCOMM_BENCH_MPIRUN", "bench", "mpirun or mpiexec on PATH",
             "the mpirun shmcomm-bench starts the MPI peer with"),
+    Setting("SHMCOMM_BENCH_IMPI", "bench", "I_MPI_ROOT, else this Python's prefix",
+            "the prefix of the Intel MPI shmcomm-bench starts the impi peer with"),
     Setting("SHMCOMM_BENCH_UNAVAILABLE", "bench", "none",
             "tests: backends shmcomm-bench treats as missing (comma list)"),
     Setting("SHMCOMM_DEBUG_BUILD", "build", "0", "1: compile the core at -O0 -g"),

@@ -78,26 +78,6 @@ cdef void _copy_text(char *dst, str text, size_t cap):
     dst[len(raw)] = 0
 
 
-def _boot_id():
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-cdef char *_grown(char **buf, size_t *cap, size_t nbytes, const char *what) except NULL nogil:
-    """``*buf`` with room for at least ``nbytes`` (kept across calls: grown, never shrunk)."""
-    cdef char *grown
-    if nbytes > cap[0]:
-        grown = <char *>realloc(buf[0], nbytes)
-        if grown == NULL:
-            with gil:
-                raise MemoryError(f"no memory for a {nbytes}-byte {what.decode()} buffer")
-        buf[0], cap[0] = grown, nbytes
-    return buf[0]
-
-
 _NESTED_CLOSE = "a process group cannot be destroyed from inside one of its own operations"
 
 # This process's pid, kept current by a fork hook: a group whose owner is another process was

@@ -4,6 +4,14 @@
 # every rank is there. Free functions of Communicator (engine.pxi holds its fields).
 
 # ---- rendezvous ---------------------------------------------------------------------------
+def _boot_id():
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 cdef _rendezvous(Communicator self, size_t slot_bytes, size_t ring_bytes, size_t cma_bytes):
     from shmcomm.segments import segment_name
     name = segment_name(self.job, self.part)

@@ -4,6 +4,18 @@
 # Communicator.
 from cpython.exc cimport PyErr_Fetch, PyErr_Restore
 from cpython.ref cimport Py_XDECREF, Py_XINCREF
+cdef char *_grown(char **buf, size_t *cap, size_t nbytes, const char *what) except NULL nogil:
+    """``*buf`` with room for at least ``nbytes`` (kept across calls: grown, never shrunk)."""
+    cdef char *grown
+    if nbytes > cap[0]:
+        grown = <char *>realloc(buf[0], nbytes)
+        if grown == NULL:
+            with gil:
+                raise MemoryError(f"no memory for a {nbytes}-byte {what.decode()} buffer")
+        buf[0], cap[0] = grown, nbytes
+    return buf[0]
+
+
 cdef extern from "<errno.h>":
     int ECANCELED  # (not in Cython's libc.errno): a copy refused because its buffer was withdrawn
 

@@ -381,7 +381,7 @@ def test_ratio_summary_against_mpi(capsys, tmp_path):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("peer", ["gloo", "mpi"])
+@pytest.mark.parametrize("peer", ["gloo", "mpi", "impi"])
 def test_peers_run_every_collective_and_check_clean(capsys, tmp_path, peer):
     if not bench.backend_available(peer)[0]:
         pytest.skip(bench.backend_available(peer)[1])
@@ -395,10 +395,68 @@ def test_peers_run_every_collective_and_check_clean(capsys, tmp_path, peer):
     assert {r["collective"] for r in recs} == set(bench.COLLECTIVES)
     assert [r for r in recs if r["wrong"] != 0] == []
     variants = {(r["collective"], r["variant"]) for r in recs}
-    if peer == "mpi":  # MPI.IN_PLACE forms exist for every collective but broadcast/send_recv/barrier
+    if peer in ("mpi", "impi"):  # MPI.IN_PLACE forms exist for every collective but broadcast/send_recv/barrier
         assert ("all_reduce", "out-of-place") in variants and ("all_to_all", "in-place") in variants
     else:  # torch.distributed reduces in place only
         assert ("all_reduce", "out-of-place") not in variants and ("all_reduce", "in-place") in variants
+
+
+@pytest.mark.timeout(30)
+def test_intel_mpi_is_found_by_its_prefix_and_a_wrong_one_is_named(tmp_path, monkeypatch):
+    pytest.importorskip("mpi4py")  # without it the reason given is that mpi4py is missing
+    from shmcomm.bench.peers import intel_mpi
+
+    monkeypatch.setenv("SHMCOMM_BENCH_IMPI", str(tmp_path))
+    assert intel_mpi().reason == (f"SHMCOMM_BENCH_IMPI={tmp_path} holds no Intel MPI "
+                                  "(bin/mpiexec, bin/impi_info and lib/libmpi.so.12)")
+    assert bench.backend_available("impi") == (False, intel_mpi().reason)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "bin" / "mpiexec").write_text("#!/bin/sh\n")
+    (tmp_path / "lib" / "libmpi.so.12").write_text("")
+    assert intel_mpi().reason, "MPICH's layout (no impi_info) taken for Intel MPI"
+    (tmp_path / "bin" / "mpiexec").chmod(0o755)
+    (tmp_path / "bin" / "impi_info").write_text("")
+    found = intel_mpi()
+    assert (found.mpiexec, found.libmpi, found.reason) == (
+        str(tmp_path / "bin" / "mpiexec"), str(tmp_path / "lib" / "libmpi.so.12"), "")
+    assert found.environment() == {"MPI4PY_LIBMPI": found.libmpi, "I_MPI_FABRICS": "shm"}
+
+
+def test_deepspeed_peer_skips_what_its_op_cannot_do():
+    from shmcomm.bench.cases import peer_skip
+    from shmcomm.bench.peers import deepspeed_half_missing
+
+    assert peer_skip("deepspeed", Case("broadcast", "float32", "none", 0)) == \
+        "DeepSpeed's shared-memory op is an all_reduce only"
+    assert peer_skip("deepspeed", Case("all_reduce", "float32", "max", -1)) == \
+        "DeepSpeed's shared-memory op sums only"
+    assert peer_skip("deepspeed", Case("all_reduce", "int32", "sum", -1)) == \
+        "DeepSpeed's shared-memory op takes float32, bfloat16 and float16 only"
+    assert peer_skip("deepspeed", Case("all_reduce", "float32", "sum", -1)) is None
+    assert peer_skip("deepspeed", Case("all_reduce", "bfloat16", "sum", -1)) == deepspeed_half_missing()
+    assert peer_skip("impi", Case("all_reduce", "float16", "sum", -1)) == "MPI has no standard float16 datatype"
+
+
+@pytest.mark.timeout(300)
+def test_deepspeed_peer_runs_its_all_reduce_and_leaves_nothing_in_dev_shm(capsys, tmp_path):
+    if not bench.backend_available("deepspeed")[0]:
+        pytest.skip(bench.backend_available("deepspeed")[1])
+    from shmcomm.bench.peers import deepspeed_leftovers
+
+    before = deepspeed_leftovers()
+    js = tmp_path / "ds.json"
+    status, out, err = run_main(capsys, "all_reduce", "-n", "2", "-b", "8", "-e", "64K", "-f", "64",
+                                "--iters", "5", "--warmup", "1", "--check", "-q", "--dtype",
+                                "float32,int32", "--backend", "shmcomm,deepspeed", "--json", str(js))
+    assert status == 0, out + err
+    doc = json.loads(js.read_text())
+    assert doc["backends"]["deepspeed"]["status"] == "ok", doc["backends"]["deepspeed"]
+    rows = [r for r in doc["rows"] if r["backend"] == "deepspeed"]
+    assert {(r["type"], r["variant"]) for r in rows} == {("float32", "in-place")}
+    assert sorted(r["size"] for r in rows) == [8, 512, 32768] and all(r["wrong"] == 0 for r in rows)
+    assert "DeepSpeed's shared-memory op takes float32, bfloat16 and float16 only" in out
+    assert deepspeed_leftovers() == before
 
 
 @pytest.mark.timeout(60)

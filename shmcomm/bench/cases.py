@@ -21,7 +21,7 @@ import numpy as np
 
 from shmcomm._core import ReduceOp, reduce_kernel
 
-from . import peers
+from .peers import deepspeed_half_missing
 from .common import _REDUCING, _ROOTED, MPI_BACKENDS
 from .dtypes import bench_dtype, itemsize, kind as dtype_kind, unavailable
 from .sizes import collective_sizes
@@ -118,7 +118,7 @@ def peer_skip(backend: str, case: Case) -> str | None:
         if dt not in ("float32", "bfloat16", "float16"):
             return "DeepSpeed's shared-memory op takes float32, bfloat16 and float16 only"
         if dt != "float32":
-            return peers.deepspeed_half_missing()
+            return deepspeed_half_missing()
     if backend in MPI_BACKENDS:
         if dt in ("float16", "bfloat16"):
             return f"MPI has no standard {dt} datatype"

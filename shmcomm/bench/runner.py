@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from shmcomm.launcher.cpus import usable_cores
 from shmcomm.launcher.environment import free_port, threads_per_rank
 
-from . import peers
+from .peers import deepspeed_leftovers, deepspeed_missing, intel_mpi
 from .cases import Case, peer_skip, steps
 from .common import _MARK, MPI_BACKENDS
 from .turns import Gates
@@ -55,10 +55,10 @@ def backend_available(name: str) -> tuple[bool, str]:
             return False, "no mpirun or mpiexec on PATH"
         return True, ""
     if name == "impi":
-        why = peers.intel_mpi().reason
+        why = intel_mpi().reason
         return (False, why) if why else (True, "")
     if name == "deepspeed":
-        why = peers.deepspeed_missing()
+        why = deepspeed_missing()
         return (False, why) if why else (True, "")
     return False, f"unknown backend {name!r}"
 
@@ -139,7 +139,7 @@ def _launch(backend: str, nranks: int, cfg: dict, logdir: str, mpi_args: list[st
         shown = " ".join(launcher) + " python -m shmcomm.bench --worker mpi ..."
         groups = [(launcher + cmd, env)]
     elif backend == "impi":
-        impi = peers.intel_mpi()
+        impi = intel_mpi()
         env.update({k: env.get(k, v) if k == "I_MPI_FABRICS" else v for k, v in impi.environment().items()})
         launcher = [impi.mpiexec, "-n", str(nranks)]  # --mpirun-args are for the mpi backend's
         shown = " ".join(launcher) + " python -m shmcomm.bench --worker impi ..."
@@ -312,7 +312,7 @@ class _Running:
         cfg = dict(cfg, nranks=nranks, gate=gates.template)
         result = BackendResult(backend, "failed")
         # DeepSpeed's op never removes its /dev/shm buffers: the ones its run adds are removed
-        before = peers.deepspeed_leftovers() if backend == "deepspeed" else None
+        before = deepspeed_leftovers() if backend == "deepspeed" else None
         try:
             procs, logs, result.command, job = _launch(backend, nranks, cfg, tmp, mpi_args)
         except BaseException:
@@ -410,7 +410,7 @@ class _Running:
             if self.job is not None:
                 _remove_leftovers(self.job, result)
             if self._shm_before is not None:
-                _remove_deepspeed_buffers(peers.deepspeed_leftovers() - self._shm_before, result)
+                _remove_deepspeed_buffers(deepspeed_leftovers() - self._shm_before, result)
 
 
 def _failure_text(backend: str, procs, logs) -> str:

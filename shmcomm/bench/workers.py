@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 
-from . import peers
+from .peers import start_deepspeed
 from .cases import reduce_op
 
 
@@ -319,7 +319,7 @@ class _DeepSpeedWorker(_GlooWorker):
 
     def __init__(self, cfg: dict):
         super().__init__(cfg)
-        why = peers.start_deepspeed(self.size)
+        why = start_deepspeed(self.size)
         if why:
             raise RuntimeError(why)
 
