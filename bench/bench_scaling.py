@@ -1,4 +1,5 @@
-"""Scaling of one collective over rank counts and sizes: shmcomm against Open MPI, MPICH and gloo.
+"""Scaling of one collective over rank counts and sizes: shmcomm against Open MPI, MPICH, Intel MPI,
+DeepSpeed's all_reduce op and gloo.
 
 One command, one table. For every rank count (rows) and size (columns) the cell reads
 ``shmcomm / Open MPI / MPICH / gloo`` in microseconds per call (nccl-tests' "time": the median over
@@ -11,7 +12,10 @@ rank count the backends take turns round by round (``--rounds K``; the order rev
 round so that none always goes first), and each cell keeps the round with the best median
 (``--pick best``, the default, as ``shmcomm-bench --rounds`` does) or the median over the rounds
 (``--pick median``). Where a backend measures both variants, the in-place one is used (shmcomm's
-all_reduce is in place only). Open MPI and MPICH are both shmcomm-bench's ``mpi`` backend, told
+all_reduce is in place only). Intel MPI is shmcomm-bench's ``impi`` backend (found through
+``SHMCOMM_BENCH_IMPI``, ``I_MPI_ROOT`` or this Python's prefix: ``pip install impi-rt``) and
+DeepSpeed's op its ``deepspeed`` backend (all_reduce only); each missing one is skipped with the
+reason. The ratio tables compare shmcomm with the best MPI of the cell, and with DeepSpeed's op. Open MPI and MPICH are both shmcomm-bench's ``mpi`` backend, told
 apart by ``SHMCOMM_BENCH_MPIRUN`` (their ``bin/`` goes first on PATH, their ``lib/`` first on
 LD_LIBRARY_PATH, so mpi4py loads the matching libmpi); ranks beyond the cores get Open MPI's
 ``--oversubscribe`` from shmcomm-bench itself.
@@ -154,8 +158,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--collective", default="all_reduce", help="shmcomm-bench collective (default all_reduce)")
     p.add_argument("--ranks", help="comma list of rank counts (default 2,4,8,16,32 up to 2x the usable cores)")
     p.add_argument("--sizes", default=DEFAULT_SIZES, help=f"comma list, K/M/G = x1024 (default {DEFAULT_SIZES})")
-    p.add_argument("--backends", default="shmcomm,mpi,gloo",
-                   help="comma list of shmcomm, mpi (every --mpi), gloo (default all; missing ones skipped)")
+    p.add_argument("--backends", default="shmcomm,mpi,impi,deepspeed,gloo",
+                   help="comma list of shmcomm, mpi (every --mpi), impi (Intel MPI), deepspeed (its "
+                        "all_reduce op), gloo (default all; missing ones skipped)")
     p.add_argument("--mpi", action="append", default=[], metavar="NAME=MPIRUN",
                    help="an MPI to compare, by its mpirun/mpiexec (repeatable; default: mpirun on PATH)")
     p.add_argument("--rounds", type=int, default=3, help="rounds per rank count, backends alternating (default 3)")
@@ -177,9 +182,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.ranks = [r for r in DEFAULT_RANKS if r <= 2 * cores] or [2]
     args.sizes = sorted({parse_size(s) for s in args.sizes.split(",") if s.strip()})
     args.backends = [b.strip().lower() for b in args.backends.split(",") if b.strip()]
-    bad = [b for b in args.backends if b not in ("shmcomm", "mpi", "gloo")]
+    from shmcomm.bench.common import BACKENDS
+
+    bad = [b for b in args.backends if b not in BACKENDS]
     if bad:
-        p.error(f"unknown backend(s) {', '.join(bad)}; choose from shmcomm, mpi, gloo")
+        p.error(f"unknown backend(s) {', '.join(bad)}; choose from {', '.join(BACKENDS)}")
     if args.rounds < 1:
         p.error("--rounds must be >= 1")
     args.cores = cores
@@ -189,6 +196,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def peers(args) -> tuple[list[dict], dict]:
     """The columns: [{"key", "label", "backend", "mpirun"?}], and {name: why skipped}."""
+    from shmcomm.bench.peers import deepspeed_missing, intel_mpi
+
     cols, skipped = [], {}
     for b in args.backends:
         if b == "shmcomm":
@@ -198,6 +207,18 @@ def peers(args) -> tuple[list[dict], dict]:
                 skipped["gloo"] = "torch is not installed"
             else:
                 cols.append({"key": "gloo", "label": "gloo", "backend": "gloo"})
+        elif b == "impi":  # shmcomm-bench finds it (shmcomm/bench/peers.py)
+            why = intel_mpi().reason
+            if why:
+                skipped["impi"] = why
+            else:
+                cols.append({"key": "impi", "label": "Intel MPI", "backend": "impi"})
+        elif b == "deepspeed":
+            why = deepspeed_missing()
+            if why:
+                skipped["deepspeed"] = why
+            else:
+                cols.append({"key": "deepspeed", "label": "DeepSpeed op", "backend": "deepspeed"})
         elif b == "mpi":
             if importlib.util.find_spec("mpi4py") is None:
                 skipped["mpi"] = "mpi4py is not installed"
@@ -296,15 +317,18 @@ def tables(args, cols, cells) -> str:
     for n in args.ranks:
         row = [" / ".join(fmt_us(cells.get((n, c["key"]), {}).get(s)) for c in cols) for s in args.sizes]
         lines.append(f"| {ranks_label(n)} | " + " | ".join(row) + " |")
-    mpis = [c for c in cols if c["backend"] == "mpi"]
-    if any(c["key"] == "shmcomm" for c in cols) and mpis:
-        lines += ["", f"shmcomm / best of {' or '.join(c['label'] for c in mpis)} (below 1: shmcomm faster)",
+    mpis = [c for c in cols if c["backend"] in ("mpi", "impi")]
+    others = [c for c in cols if c["backend"] == "deepspeed"]
+    for peer_cols in ([mpis] if mpis else []) + [[c] for c in others]:
+        if not any(c["key"] == "shmcomm" for c in cols):
+            break
+        lines += ["", f"shmcomm / best of {' or '.join(c['label'] for c in peer_cols)} (below 1: shmcomm faster)",
                   "", head, rule]
         for n in args.ranks:
             row = []
             for s in args.sizes:
                 shm = cells.get((n, "shmcomm"), {}).get(s)
-                best = [cells.get((n, c["key"]), {}).get(s) for c in mpis]
+                best = [cells.get((n, c["key"]), {}).get(s) for c in peer_cols]
                 best = [t for t in best if t]
                 row.append(f"{shm / min(best):.2f}" if shm and best else "-")
             lines.append(f"| {ranks_label(n)} | " + " | ".join(row) + " |")
