@@ -13,20 +13,24 @@
 # - Size class b of a call of n bytes: floor(log2(n)) - 12, from 4 KiB (0) to 128 MiB and up (15).
 #   Calls below slot_stream_bytes (SHMCOMM_SLOT_STREAM_BYTES, default 4 KiB; 0: none) always use
 #   normal stores and are not timed.
-# - Rank 0 times its slot-path reductions (one step or two, through the slots) and keeps, per
-#   class, an average of the stores in use. Every `period` timed calls of a class it flips that
-#   class's choice for a window of STORE_WINDOW calls, times them (the first STORE_WARM not:
-#   lines still move from the old stores' state) and keeps the flip if it was faster by
-#   STORE_GAIN. A window that changed nothing doubles the class's period (up to
-#   STORE_PERIOD_MAX): probing costs about STORE_WINDOW / period of the calls, under 0.1% once
-#   settled; one that changed something starts it over at STORE_PERIOD_MIN. Classes are
-#   independent: a size that runs for a while gets probed whatever else the group runs.
+# - Rank 0 times its slot-path reductions (one step or two, through the slots, or the pipeline)
+#   and keeps, per class, an average of the stores in use. Every `period` timed calls of a class
+#   it flips that class's choice for a window of STORE_WINDOW calls, times them (the first
+#   STORE_WARM not: lines still move from the old stores' state; each sample clipped at 3x the
+#   average, so one preempted call cannot decide) and keeps the flip if it was faster by
+#   STORE_GAIN. The first window opens early (a job's first mode matters most, and a 16 MiB
+#   class may see few calls); a window that changed nothing doubles the class's period up to
+#   STORE_PERIOD_MAX, so probing costs about STORE_WINDOW / period of the calls, under 0.05%
+#   once settled (some 60 calls of each class in all before that); one that changed the choice
+#   sets it to STORE_PERIOD_CHANGED. Classes are independent: a size that runs for a while gets
+#   probed whatever else the group runs.
 # - The choice is a bit mask in the header (`slot_stores`), on a line of its own: every rank
 #   reads it at each copy, so all ranks switch together, and only rank 0 ever writes it. Either
 #   store writes the same bytes, so a rank that reads the mask a call late is only slower.
-cdef int STORE_WINDOW = 10
-cdef int STORE_WARM = 2
-cdef uint64_t STORE_PERIOD_MIN = 512
+cdef int STORE_WINDOW = 6
+cdef int STORE_WARM = 1
+cdef uint64_t STORE_PERIOD_MIN = 32      # the first window opens after 26 calls
+cdef uint64_t STORE_PERIOD_CHANGED = 128  # after a window that changed the choice
 cdef uint64_t STORE_PERIOD_MAX = 16384
 cdef double STORE_GAIN = 0.85
 cdef int STORE_CLASSES = 16
@@ -92,7 +96,8 @@ cdef void _stores_timed(Communicator c, size_t nbytes, uint64_t started) noexcep
             capi.shm_store_relaxed(&c.hdr.slot_stores, mask ^ bit)
         return
     if i >= window + <uint64_t>STORE_WARM:
-        c.probe_ns[b] += t
+        avg = c.store_ns[b]
+        c.probe_ns[b] += min(t, 3 * avg) if avg > 0 else t
         c.probe_n[b] += 1
     if i + 1 < c.store_period[b]:
         return
@@ -100,7 +105,7 @@ cdef void _stores_timed(Communicator c, size_t nbytes, uint64_t started) noexcep
     c.store_calls[b] = 0
     if c.probe_n[b] and c.probe_ns[b] / c.probe_n[b] < STORE_GAIN * c.store_ns[b]:
         c.store_ns[b] = c.probe_ns[b] / c.probe_n[b]
-        c.store_period[b] = STORE_PERIOD_MIN
+        c.store_period[b] = STORE_PERIOD_CHANGED
         return
     mask = capi.shm_load_relaxed(&c.hdr.slot_stores)
     capi.shm_store_relaxed(&c.hdr.slot_stores, mask ^ bit)

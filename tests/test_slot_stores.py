@@ -3,7 +3,7 @@ per size class by rank 0 as the group runs, read by every rank from the segment'
 
 Results must not depend on the choice (same bits either way, every path through the slots), and
 the choice must move exactly as the schedule says: timed calls of the slot paths from
-SHMCOMM_SLOT_STREAM_BYTES up, a probing window that flips a class after 502 calls of it, nothing
+SHMCOMM_SLOT_STREAM_BYTES up, a probing window that flips a class after 26 calls of it, nothing
 timed or flipped for smaller calls or with the setting at 0, nothing after a fixed mask.
 """
 
@@ -15,7 +15,7 @@ from harness import run_ranks
 from reference import assert_same_bits, make_input, reduce_reference
 
 ALL = 0xFFFF
-WINDOW_OPENS = 512 - 10  # STORE_PERIOD_MIN - STORE_WINDOW timed calls
+WINDOW_OPENS = 32 - 6  # STORE_PERIOD_MIN - STORE_WINDOW timed calls
 
 
 def _comm(group=None):
@@ -89,7 +89,7 @@ def _masks_after(rank, size, nbytes, calls):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("world", [2, 3])
 def test_the_probing_window_flips_the_class_for_every_rank(world):
-    """After 502 timed calls of 64 KiB (size class 4: 64-128 KiB) rank 0 opens that class's
+    """After 26 timed calls of 64 KiB (size class 4: 64-128 KiB) rank 0 opens that class's
     window: its bit flipped, and only its, seen by every rank."""
     masks = run_ranks(_masks_after, world, 64 << 10, WINDOW_OPENS, timeout=50,
                       env={"SHMCOMM_CMA_BYTES": 1 << 30})
