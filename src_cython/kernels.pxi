@@ -50,7 +50,15 @@ def op_code(op) -> int:
         name = getattr(op, "name", None) or str(op).rpartition(".")[2]
         if name.upper() in ReduceOp.__members__:
             return int(ReduceOp[name.upper()])
-    raise ValueError(f"op must be one of {[m.name for m in ReduceOp]}, got {op!r}")
+    names = [m.name for m in ReduceOp]
+    if hasattr(op, "shape") and hasattr(op, "dtype"):  # mpi4py's habit: (sendbuf, recvbuf)
+        raise ValueError(
+            f"op must be one of {names}, got an array ({op.dtype}, shape {tuple(op.shape)}): "
+            "shmcomm's reductions work in place on one array, as torch.distributed's do: "
+            "all_reduce(array, op=...) leaves the result in array. For MPI's "
+            "Allreduce(sendbuf, recvbuf), copy first (recvbuf[...] = sendbuf), then "
+            "all_reduce(recvbuf)")
+    raise ValueError(f"op must be one of {names}, got {op!r}")
 
 
 def simd_levels():

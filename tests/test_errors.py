@@ -58,6 +58,15 @@ def _bad_arguments(rank, size):
         sc.all_reduce(np.ones(3, np.complex64), op=sc.ReduceOp.MIN)
     with pytest.raises(ValueError, match="op"):
         sc.all_reduce(np.ones(3), op="median")
+    # mpi4py's Allreduce(sendbuf, recvbuf) habit: the in-place rule named, no array printed
+    big = np.arange(100_000, dtype=np.float32)
+    for call in (lambda: sc.all_reduce(big, np.empty_like(big)),
+                 lambda: sc.reduce(big, 0, np.empty_like(big))):
+        with pytest.raises(ValueError) as info:
+            call()
+        assert str(info.value).startswith("op must be one of ['SUM', ") and \
+            "got an array (float32, shape (100000,)): shmcomm's reductions work in place" in str(info.value) \
+            and "recvbuf[...] = sendbuf" in str(info.value) and len(str(info.value)) < 500, str(info.value)
     with pytest.raises(ValueError, match="output_list"):
         sc.all_gather([np.ones(3)] * (size + 1), np.ones(3))
     with pytest.raises(ValueError, match="output"):
