@@ -178,6 +178,31 @@ def test_preset_environment_kept_and_job_new_per_launch():
 
 
 @pytest.mark.timeout(30)
+def test_an_export_of_a_variable_shmrun_sets_is_warned_about_and_others_pass():
+    """-x SHMCOMM_JOB=... used to be overridden without a word."""
+    res = shmrun("-n", "2", "-x", "SHMCOMM_JOB=mine", "-x", "MY_SETTING=on", "-x", "RANK=5",
+                 "env_report.py")
+    assert res.returncode == 0, res.stderr
+    rep = reports(res.stdout)
+    assert {r["SHMCOMM_JOB"] for r in rep.values()} != {"mine"} and {r: v["RANK"] for r, v in rep.items()} == {0: "0", 1: "1"}
+    warned = [line for line in res.stderr.decode().splitlines() if "warning: -x" in line]
+    assert warned == [
+        "shmrun: warning: -x SHMCOMM_JOB=... is not used: shmrun sets SHMCOMM_JOB for every rank (each "
+        "run gets a job name of its own, so two jobs never meet; ranks started without shmrun take "
+        "init_process_group(name=...))",
+        "shmrun: warning: -x RANK=... is not used: shmrun sets RANK for every rank (-n gives the ranks)"]
+
+
+def test_the_launcher_variables_are_what_each_rank_gets_from_shmrun():
+    from shmcomm.launcher.cli import parse_args
+    from shmcomm.launcher.environment import LAUNCHER_VARIABLES, rank_environment
+
+    env = rank_environment(parse_args(["-n", "2", "true"]), 1, "job-1", 29500, base={}, secret="s")
+    defaults = {"OMP_NUM_THREADS", "PYTHONUNBUFFERED", "THP_MEM_ALLOC_ENABLE"}  # the user's win
+    assert set(env) - defaults == set(LAUNCHER_VARIABLES)
+
+
+@pytest.mark.timeout(30)
 def test_failing_rank_stops_the_others(pid_dir):
     start = time.monotonic()
     res = shmrun("-n", "3", "--grace", "2", "fail_rank.py", str(pid_dir), "1", "3")

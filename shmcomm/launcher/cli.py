@@ -18,6 +18,7 @@ import sys
 from shmcomm import __version__
 from shmcomm.launcher.config import PROG, LaunchConfig
 from shmcomm.launcher.cpus import usable_cores
+from shmcomm.launcher.environment import LAUNCHER_VARIABLES
 from shmcomm.launcher.limits import MAX_RANKS, too_many_ranks
 
 __all__ = ["parse_args"]
@@ -279,6 +280,7 @@ def parse_args(argv: list[str] | None = None) -> LaunchConfig:
         parser.error("no program given: expected script.py, -m module, or a program")
     else:
         command = _resolve_program(parser, program, ns.no_python)
+    _warn_overridden_exports(ns.export)
     return LaunchConfig(nproc=ns.nproc, command=command, bind_to=ns.bind_to, prefix=ns.prefix,
                         log_dir=ns.log_dir, max_restarts=ns.max_restarts, grace=ns.grace,
                         nnodes=ns.nnodes, node_rank=ns.node_rank,
@@ -286,6 +288,27 @@ def parse_args(argv: list[str] | None = None) -> LaunchConfig:
                         timestamp=ns.timestamp, report_bindings=ns.report_bindings, tee=ns.tee,
                         redirects=ns.redirects, local_ranks_filter=ns.local_ranks_filter,
                         env={name: value for name, value in ns.export if value is not None})
+
+
+# What to do instead of -x NAME=VALUE for a variable shmrun sets itself.
+_INSTEAD = {
+    "SHMCOMM_JOB": "each run gets a job name of its own, so two jobs never meet; ranks started "
+                   "without shmrun take init_process_group(name=...)",
+    "SHMCOMM_SECRET": "shmrun makes one up per job",
+    "RANK": "-n gives the ranks", "WORLD_SIZE": "-n gives the ranks (and --nnodes)",
+    "LOCAL_WORLD_SIZE": "-n gives the ranks", "MASTER_ADDR": "give --master-addr",
+    "MASTER_PORT": "give --master-port",
+}
+
+
+def _warn_overridden_exports(exports: list[tuple[str, str | None]]) -> None:
+    """-x NAME=VALUE for a variable shmrun sets for every rank would be overridden without a word:
+    say so on stderr, with what to do instead."""
+    for name in dict.fromkeys(name for name, value in exports if value is not None):
+        if name in LAUNCHER_VARIABLES:
+            instead = _INSTEAD.get(name, "it is set as torchrun sets it")
+            print(f"{PROG}: warning: -x {name}=... is not used: shmrun sets {name} for every rank "
+                  f"({instead})", file=sys.stderr)
 
 
 def _resolve_program(parser: argparse.ArgumentParser, program: list[str],

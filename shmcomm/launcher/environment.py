@@ -97,6 +97,15 @@ def _threads(cfg: LaunchConfig, rank: int, plan: list[tuple[set[int], str]] | No
     return max(1, len(cpus) // sharing)
 
 
+# What shmrun sets for every rank, whatever the environment or -x says: torchrun's variables, the
+# job's name and secret (rank_environment). A -x naming one is warned about (cli.py).
+LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "WORLD_SIZE",
+                      "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR",
+                      "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+                      "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE", "SHMCOMM_JOB",
+                      trust.SECRET_ENV)
+
+
 def rank_environment(cfg: LaunchConfig, rank: int, job: str, port: int, attempt: int = 0,
                      base: dict[str, str] | None = None, secret: str | None = None,
                      plan: list[tuple[set[int], str]] | None = None,
