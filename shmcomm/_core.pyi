@@ -78,16 +78,20 @@ class Communicator:
     cma_bytes: int
     unexpected_bytes: int
     stream_bytes: int
-    slot_stream_bytes: int  # calls this large may write their slot copies with streaming stores
+    tune_bytes: int  # calls this large are tuned as the group runs (stores, reduction paths)
     # bit b set: calls of size class b (4 KiB << b and up) stream their slot copies now (adapted)
     @property
     def slot_stores(self) -> int: ...
-    def _fix_slot_stores(self, mask: int) -> None: ...  # fix the mask, stop adapting (benchmarks)
+    # bit b set: rank 0 sends large reductions of class b through the slots, not single copy
+    @property
+    def reduce_paths(self) -> int: ...
+    def _fix_tuning(self, stores: int | None = None, paths: int | None = None) -> None: ...  # benchmarks
     closed: bool
     owner_pid: int
     fused_calls: int
     background_calls: int  # queued ops the group's progress thread ran (the rest ran on callers)
     zero_copy_calls: int
+    single_copy_reductions: int  # reductions of private arrays that went by single copy
     threads_per_rank: int
     busy_ranks: int
     # all_reduce, all_gather_into and reduce_scatter_into of private arrays from composite_bytes

@@ -119,12 +119,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("SHMCOMM_STREAM_BYTES", "group", "half the last-level cache",
             "outputs this large are written with streaming stores", 0, "stream_bytes",
             lambda g: g["llc"] // 2, _THRESHOLD_MAX),
-    # Slots are written by one rank and read by the others; which stores write them is measured
-    # and chosen as the group runs (src_cython/slot_stores.pxi has the numbers).
-    Setting("SHMCOMM_SLOT_STREAM_BYTES", "group", "4 KiB",
-            "calls this large may write their slot copies with streaming stores: rank 0 measures "
-            "both kinds per size class as the group runs and chooses for every rank; 0: never", 0,
-            "slot_stream_bytes", lambda g: 4096, _THRESHOLD_MAX),
+    # Slots are written by one rank and read by the others; which stores write them, and whether
+    # large reductions go by single copy or the slots, is measured and chosen as the group runs
+    # (src_cython/tuning.pxi has the numbers).
+    Setting("SHMCOMM_TUNE_BYTES", "group", "4 KiB",
+            "calls this large are tuned as the group runs: rank 0 measures, per size class, slot "
+            "copies with normal or streaming stores, and large reductions by single copy or the "
+            "slots, and chooses for every rank; 0: no tuning (normal stores, single copy)", 0,
+            "tune_bytes", lambda g: 4096, _THRESHOLD_MAX),
     # A futex wake-up costs tens of microseconds, far more when another process holds the core;
     # a rank blocked for seconds still sleeps almost all the time. More ranks than cores: the
     # peer needs our core, so never spin.

@@ -131,13 +131,9 @@ cdef class Communicator:
     cdef char *staging            # kept across calls (no page faults): in-place all_to_all's input copy
     cdef size_t staging_bytes
     cdef readonly size_t stream_bytes  # results this large go out with streaming stores
-    cdef readonly size_t slot_stream_bytes  # slot copies this large may stream (slot_stores.pxi)
-    # ---- rank 0: the choice of slot stores (slot_stores.pxi)
-    cdef uint64_t store_calls[16]  # per size class: timed calls since its period began
-    cdef uint64_t store_period[16]  # per size class: timed calls from one window to the next (0: not begun)
-    cdef double store_ns[16]      # per size class: average ns of a call with the stores in use
-    cdef double probe_ns[16]      # per size class: ns of the window's calls, in all
-    cdef int probe_n[16]          # per size class: the window's calls timed
+    cdef readonly size_t tune_bytes  # calls this large are tuned as they run (tuning.pxi)
+    cdef tuner_t stores           # rank 0: slot copies with normal or streaming stores (tuning.pxi)
+    cdef tuner_t paths            # rank 0: large reductions by single copy or the slots
     cdef bint cma_ok              # single-copy reads from peers work here (probed at start)
     cdef readonly size_t cma_bytes  # pieces at least this large use them
     cdef readonly size_t unexpected_bytes  # point to point: unexpected single-copy messages taken
@@ -158,6 +154,7 @@ cdef class Communicator:
     cdef readonly unsigned long long fused_calls  # small reductions that ran in a step with others
     cdef readonly unsigned long long background_calls  # queued ops the progress thread ran
     cdef readonly unsigned long long zero_copy_calls  # calls that read or wrote peers' sc.empty arrays in place
+    cdef readonly unsigned long long single_copy_reductions  # reductions of private arrays by single copy
     cdef readonly int threads_per_rank  # busy threads per rank (group_settings), kept for derive
     cdef readonly int busy_ranks  # ranks of the job running here: this group's, or its parent's
     # A composition that runs all_reduce, all_gather_into and reduce_scatter_into of private
@@ -203,7 +200,7 @@ cdef class Communicator:
         settings = group_settings(size, threads_per_rank, self.busy_ranks)
         self.small_bytes = settings["small_bytes"]
         self.stream_bytes = settings["stream_bytes"]
-        self.slot_stream_bytes = settings["slot_stream_bytes"]
+        self.tune_bytes = settings["tune_bytes"]
         self.spin_ns = self.spin_max_ns = settings["spin_us"] * 1000
         self.yields = settings["yields"]
         self.doze_ns = settings["progress_us"] * 1000
@@ -232,6 +229,7 @@ cdef class Communicator:
             _rendezvous(self, settings["slot_bytes"], settings["ring_bytes"], settings["cma_bytes"])
         finally:
             self.watch = None
+        _tune_start(self)
         self.closed = False
 
     # ---- layout: where _layout (layout.pxi) placed the blocks, rings and slots ---------------
@@ -309,15 +307,25 @@ cdef class Communicator:
     @property
     def slot_stores(self) -> int:
         """Bit b set: calls of size class b (4 KiB << b and up) write their slot copies with
-        streaming stores now; rank 0 adapts it as the group runs (slot_stores.pxi)."""
+        streaming stores now; rank 0 tunes it as the group runs (tuning.pxi)."""
         return self.hdr.slot_stores if self.hdr != NULL and not self.closed else 0
 
-    def _fix_slot_stores(self, mask):
-        """Use streaming stores for the size classes set in ``mask`` (0: normal stores for all,
-        0xffff: streaming for all) and stop adapting; every rank must call it alike. For
-        benchmarks and tests that compare the two."""
-        if self.hdr != NULL and not self.closed:
-            _fix_stores(self, <uint32_t>mask)
+    @property
+    def reduce_paths(self) -> int:
+        """Bit b set: reductions of private arrays in size class b go through the slots instead
+        of single copy now (rank 0's choice, tuned as the group runs; 0 on other ranks)."""
+        return self.paths.own if self.rank == 0 else 0
+
+    def _fix_tuning(self, stores=None, paths=None):
+        """Fix the stores mask (0: normal stores for every class, 0xffff: streaming for all)
+        and/or the paths mask (0: single copy where it can, 0xffff: the slots), and stop tuning
+        them; every rank must call it alike. For benchmarks and tests that compare the ways."""
+        if self.hdr == NULL or self.closed:
+            return
+        if stores is not None:
+            _tune_fix(&self.stores, <uint32_t>stores)
+        if paths is not None:
+            _tune_fix(&self.paths, <uint32_t>paths)
 
     cdef inline uint64_t _peer_entry(self, int q, int i) noexcept nogil:
         return (<uint64_t *>self.slot(q, self.step))[1 + i]
@@ -731,9 +739,9 @@ cdef int _exec_batch_entry(Communicator c, op_t **ops, int k) except -1 nogil:
     cdef uint64_t timer
     cdef int m
     _begin(c, _kind_cname(ops[0].kind))
-    timer = _stores_timer(c, ops[0].nbytes)
+    timer = _tune_timer(c, ops[0].nbytes)
     m = _reduce_batch(c, ops, k) if _batch_class(c, ops[0]) == 1 else _reduce_batch_medium(c, ops, k)
-    _stores_timed(c, ops[0].nbytes, timer)
+    _tune_timed(c, &c.stores, ops[0].nbytes, timer)
     return m
 
 

@@ -50,7 +50,7 @@ typedef struct {
     uint32_t pad_b;          /* 908 */
     char pad_c[52];          /* 912 */
     uint32_t slot_stores;    /* 964: bit b set: copies into the slots of calls in size class b
-                                stream (rank 0 adapts it, every rank reads it: slot_stores.pxi);
+                                stream (rank 0 tunes it, every rank reads it: tuning.pxi);
                                 a line of its own, written seldom, so reading it is an L1 hit */
 } shm_header_t;
 

@@ -15,7 +15,8 @@
 #   zero copy (every rank passed an sc.empty array at the same place of one heap): 1. a step with
 #       the descriptor; 2. rank r reduces slice r straight from every array and writes it into
 #       every array that wants it; 3. step.
-#   single copy (private arrays, cross-memory attach on): 1. a step publishing array addresses;
+#   single copy (private arrays, cross-memory attach on, unless rank 0's tuning chose the
+#       pipelined path instead, tuning.pxi): 1. a step publishing array addresses;
 #       2. rank r reduces slice r block by block, reading peers through a cache-sized scratch,
 #       and writes each block into every array that wants it; 3. step.
 # Every rank reduces in rank order, so every rank gets the same bits.
@@ -47,31 +48,33 @@ cdef int _run_reduce(Communicator c, op_t *o) except -1 nogil:
     cdef char *ptr = o.ptr
     cdef size_t count = o.count, nbytes = o.nbytes, chunk, ch, off = 0, lo, hi
     cdef bint wants = root < 0 or root == c.rank
-    cdef bint cma, first, stream
+    cdef bint cma, first, stream, single
     cdef uint64_t timer
     if n == 1:
         if op == SHM_PREMUL_SUM:  # the only op that changes one rank's values
             c.srcs[0], c.factors[0] = ptr, o.factor
             shm_reduce(ptr, c.srcs, c.factors, 1, count, dtype, op)
         return 0
-    timer = _stores_timer(c, nbytes)
+    timer = _tune_timer(c, nbytes)
     if c._one_shot_size(nbytes):
         _reduce_batch(c, &o, 1)
-        _stores_timed(c, nbytes, timer)
+        _tune_timed(c, &c.stores, nbytes, timer)
         return 0
     if _medium_size(c, nbytes):
         _reduce_batch_medium(c, &o, 1)
-        _stores_timed(c, nbytes, timer)
+        _tune_timed(c, &c.stores, nbytes, timer)
         return 0
     _set_desc(c, o.kind, dtype, nbytes, <uint64_t>root, op)
     c._set_factor(o)
     # Below the single-copy size the descriptor rides on the first chunk's step (no zero copy
     # there: one sync fewer matters more at these sizes); above it, a step of its own first.
     first = not c._address_step_size(nbytes)
+    single = False
     if not first:
         _set_heap_desc(c, o.heap, o.heap_off)
-        if c._single_copy_size(nbytes):
-            cma = _publish_table(c, &ptr, 1)  # the step that carries the descriptor, too
+        single = c._single_copy_size(nbytes)
+        if single:  # the step that carries the descriptor, too; rank 0 says which way (tuning.pxi)
+            cma = _publish_table(c, &ptr, 1, c.rank != 0 or not _second_way(c, &c.paths, nbytes))
         else:
             _step(c)
             _check_desc(c)
@@ -82,7 +85,10 @@ cdef int _run_reduce(Communicator c, op_t *o) except -1 nogil:
         if cma:
             for q in range(n):
                 o.outs[q] = <char *>c._peer_entry(q, 0)
-            return _reduce_single_copy(c, o)
+            _reduce_single_copy(c, o)
+            c.single_copy_reductions += 1
+            _tune_timed(c, &c.paths, nbytes, timer)
+            return 0
     chunk = c.slot_bytes // itemsize
     while off < count:
         ch = min(chunk, count - off)
@@ -109,14 +115,16 @@ cdef int _run_reduce(Communicator c, op_t *o) except -1 nogil:
                 memcpy(ptr + (off + lo) * itemsize, c.slot(q, s + 1) + lo * itemsize,
                        (hi - lo) * itemsize)
         off += ch
-    _stores_timed(c, nbytes, timer)
+    _tune_timed(c, &c.stores, nbytes, timer)
+    if single:
+        _tune_timed(c, &c.paths, nbytes, timer)
     return 0
 
 
 cdef int _reduce_to_slot(Communicator c, char *dst, size_t count, int itemsize, int dtype, int op,
                          bint stream) except -1 nogil:
     """shm_reduce of c.srcs into this rank's slot, for peers to read; with streaming stores
-    (``stream``, slot_stores.pxi) by blocks reduced into private scratch, where they stay in L1,
+    (``stream``, tuning.pxi) by blocks reduced into private scratch, where they stay in L1,
     then streamed out. Advances c.srcs."""
     cdef size_t block = SLOT_STREAM_BLOCK // itemsize, b = 0, m
     cdef int q

@@ -1,10 +1,12 @@
-"""The stores that write the shared slots (src_cython/slot_stores.pxi): streaming or normal, chosen
-per size class by rank 0 as the group runs, read by every rank from the segment's header.
+"""The choices a group tunes as it runs (src_cython/tuning.pxi), per size class, by rank 0: the
+stores that write the shared slots (streaming or normal; a mask in the segment's header that
+every rank reads), and whether large reductions of private arrays go by single copy or through
+the slots (rank 0's mask, told to the others in the step that publishes the arrays' addresses).
 
-Results must not depend on the choice (same bits either way, every path through the slots), and
-the choice must move exactly as the schedule says: timed calls of the slot paths from
-SHMCOMM_SLOT_STREAM_BYTES up, a probing window that flips a class after 26 calls of it, nothing
-timed or flipped for smaller calls or with the setting at 0, nothing after a fixed mask.
+Results must not depend on either choice (same bits every way, every path), and the choices
+must move exactly as the schedule says: timed calls from SHMCOMM_TUNE_BYTES up, a probing
+window that flips a class after 26 calls of it, nothing timed or flipped for smaller calls or
+with the setting at 0, nothing after a fixed mask.
 """
 
 import numpy as np
@@ -24,17 +26,19 @@ def _comm(group=None):
     return (group or default_group())._comm
 
 
-def _same_results_either_way(rank, size, counts, dtypes):
-    """all_reduce, reduce, broadcast and all_gather through the slots with every class streamed,
-    then with none, against references computed independently (float64/int64 in reference.py)."""
+def _same_results_either_way(rank, size, counts, dtypes, ways=((ALL, None), (0, None))):
+    """all_reduce, reduce, broadcast and all_gather with each (stores, paths) mask pair fixed in
+    turn (None: left as it is), against references computed independently (float64/int64 in
+    reference.py)."""
     comm = _comm()
-    for mask in (ALL, 0):
-        comm._fix_slot_stores(mask)  # every rank writes the same mask into the shared header
+    for stores, paths in ways:
+        comm._fix_tuning(stores=stores, paths=paths)  # every rank fixes the same masks
         sc.barrier()
+        mask = f"stores {stores} paths {paths}"
         for dtype in dtypes:
             for count in counts:
                 inputs = [make_input(np.dtype(dtype), count, r) for r in range(size)]
-                what = f"mask {mask:#x} {np.dtype(dtype).name} count={count}"
+                what = f"{mask} {np.dtype(dtype).name} count={count}"
                 for op in ("SUM", "MAX", "PRODUCT"):
                     x = inputs[rank].copy()
                     sc.all_reduce(x, op=sc.ReduceOp[op])
@@ -49,8 +53,11 @@ def _same_results_either_way(rank, size, counts, dtypes):
                 out = np.empty(count * size, inputs[rank].dtype)
                 sc.all_gather_into(out, inputs[rank])
                 assert_same_bits(out, np.concatenate(inputs), "all_gather_into " + what)
-        sc.barrier()  # before any rank fixes the next mask
-        assert comm.slot_stores == mask, "a fixed mask moved"
+        sc.barrier()  # before any rank fixes the next masks
+        if stores is not None:
+            assert comm.slot_stores == stores, "a fixed stores mask moved"
+        if paths is not None:
+            assert comm.reduce_paths == (paths if rank == 0 else 0), "a fixed paths mask moved"
         sc.barrier()
     return True
 
@@ -75,6 +82,16 @@ def test_streamed_slot_stores_through_the_pipeline():
                          timeout=110, env=env))
 
 
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("world", [2, 3])
+def test_single_copy_and_the_slots_give_the_same_results_for_large_reductions(world):
+    """From the single-copy size (default 256 KiB) rank 0 may send reductions through the slots
+    (with either stores) or keep them on single copy: every way alike, uneven slices."""
+    ways = [(0, 0), (0, ALL), (ALL, ALL), (ALL, 0)]
+    assert all(run_ranks(_same_results_either_way, world, [70_001, 300_001], ["float32", "float64"],
+                         ways, timeout=230))
+
+
 def _masks_after(rank, size, nbytes, calls):
     """The header's mask after ``calls`` all_reduces of ``nbytes``, as every rank reads it."""
     a = np.empty(nbytes // 4, np.float32)
@@ -83,7 +100,10 @@ def _masks_after(rank, size, nbytes, calls):
         sc.all_reduce(a)
     np.testing.assert_array_equal(a, np.full_like(a, size * (size + 1) // 2))
     sc.barrier()  # rank 0 flips after its last call: every rank reads after that
-    return _comm().slot_stores
+    comm = _comm()
+    if nbytes < 256 << 10:
+        return comm.slot_stores
+    return comm.slot_stores, comm.reduce_paths, comm.single_copy_reductions
 
 
 @pytest.mark.timeout(60)
@@ -100,8 +120,20 @@ def test_the_probing_window_flips_the_class_for_every_rank(world):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("nbytes, env", [(2048, {}), (64 << 10, {"SHMCOMM_SLOT_STREAM_BYTES": 0}),
-                                         (16 << 10, {"SHMCOMM_SLOT_STREAM_BYTES": 32 << 10})])
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_paths_window_sends_large_reductions_through_the_slots_on_every_rank(world):
+    """1 MiB (class 8) reductions go by single copy; after 26 of them rank 0 flips the class to
+    the slots for a window, and tells the others through the address step: the calls of the
+    window (checked, every one) take the slots on every rank, or they would not line up."""
+    got = run_ranks(_masks_after, world, 1 << 20, WINDOW_OPENS + 3, timeout=50)
+    assert got == [(0, 1 << 8, WINDOW_OPENS)] + [(0, 0, WINDOW_OPENS)] * (world - 1)
+    got = run_ranks(_masks_after, world, 1 << 20, WINDOW_OPENS - 1, timeout=50)
+    assert got == [(0, 0, WINDOW_OPENS - 1)] * world
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("nbytes, env", [(2048, {}), (64 << 10, {"SHMCOMM_TUNE_BYTES": 0}),
+                                         (16 << 10, {"SHMCOMM_TUNE_BYTES": 32 << 10})])
 def test_calls_below_the_threshold_or_with_it_off_are_never_timed(nbytes, env):
     masks = run_ranks(_masks_after, 2, nbytes, WINDOW_OPENS, timeout=50,
                       env={"SHMCOMM_CMA_BYTES": 1 << 30, **env})
@@ -110,7 +142,7 @@ def test_calls_below_the_threshold_or_with_it_off_are_never_timed(nbytes, env):
 
 def _fixed_mask_stays(rank, size):
     comm = _comm()
-    comm._fix_slot_stores(0x10)  # 64 KiB calls stream, the rest do not
+    comm._fix_tuning(stores=0x10)  # 64 KiB calls stream, the rest do not
     sc.barrier()
     a = np.ones(16 << 10, np.float32)
     for _ in range(WINDOW_OPENS + 20):
