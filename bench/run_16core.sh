@@ -7,7 +7,8 @@
 # /opt/ompi, MPICH under /opt/mpich), then writes under $OUT, at most 8 files as the tool returns:
 #   machine.txt      cores, CPU, Python, torch; the group settings at 2-32 ranks
 #   all_reduce.md    bench_scaling.py: all_reduce at 8/16/32 ranks, shmcomm vs Open MPI vs MPICH
-#   zero_copy.txt    all_reduce of 1 and 16 MiB on private and on sc.empty arrays at 8 and 16 ranks
+#   zero_copy.txt    all_reduce of 1 and 16 MiB on private and on sc.empty arrays at 8 and 16 ranks;
+#                    then bench_tuning.py (slot stores, single copy or slots) at 2 and 4 ranks
 #   torch_n8.txt     bench_torch_backend.py at 8 ranks (DDP, FSDP2, small calls, 8M half precision)
 #   torch_ops_n8.txt bench_torch_ops.py and bench_tp_decode.py at 8 ranks; decode at 2 ranks x 8 threads
 #   movement.md      all_gather and reduce_scatter at 8/16 ranks against MPI
@@ -49,6 +50,14 @@ for n in $FIT; do
     timeout 40 shmcomm-bench all_reduce -n "$n" -b 1M -e 16M -f 16 --serial -q --target-time 0.05 --rounds 2 $zc 2>&1 | grep -E "^ +[0-9]"
   done
 done > "$O/zero_copy.txt" 2>&1
+# The tuned choices (src_cython/tuning.pxi) where cores are many, at 2 and 4 ranks (only groups of
+# up to 4 ranks have single copy).
+for n in 2 4; do
+  for choice in stores paths; do
+    echo "== bench_tuning.py --choice $choice, $n ranks"
+    timeout 40 "$PY" "$REPO/bench/bench_tuning.py" --choice "$choice" --ranks "$n" --launches 3 --rounds 5 2>/dev/null
+  done
+done >> "$O/zero_copy.txt" 2>&1
 stamp zero_copy
 timeout 70 "$PY" "$REPO/bench/bench_torch_backend.py" -n 8 --rounds 2 --iters 2000 --steps 20 --large-iters 4 \
   --only latency,ddp,fsdp,large > "$O/torch_n8.txt" 2>&1
