@@ -24,7 +24,7 @@ import time
 
 import psutil
 
-from shmcomm import __version__, segments
+from shmcomm import __version__, capabilities, segments
 
 __all__ = ["main", "segment_state", "segment_users", "info_lines"]
 
@@ -206,6 +206,9 @@ def info_lines() -> list[tuple[str, str]]:
         dict(info_lines())["version"]  # '0.1.0'
     """
     lines = [("version", __version__),
+             ("torch backend", capabilities.torch_backend()),
+             ("bench peers", capabilities.bench_peers()),
+             ("single copy", capabilities.single_copy()),
              ("python", f"{platform.python_version()} ({sys.executable})"),
              ("platform", f"{platform.system()} {platform.release()} {platform.machine()}")]
     lines += _build_lines()
@@ -247,6 +250,11 @@ def _cmd_info(args: argparse.Namespace) -> int:
     width = max(len(k) for k, _ in lines)
     for key, value in lines:
         print(f"{key + ':':<{width + 1}} {value}")
+    changed = [row["var"] for row in table if row["value"] is not None]
+    if not args.settings:
+        print(f"\nsettings: {len(table)} SHMCOMM_* variables, {len(changed)} set here"
+              + (f" ({', '.join(changed)})" if changed else "") + "; the table: shmcomm info --settings")
+        return 0
     print("\nsettings (every SHMCOMM_* variable shmcomm reads; * = set here):")
     width = max(len(str(row["var"])) for row in table)
     for row in table:
@@ -321,7 +329,10 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("info", help="version, build facts, kernel level, settings in effect, cores, "
                                     "limits, /dev/shm space")
-    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object "
+                                                        "(the settings table included)")
+    p.add_argument("--settings", action="store_true",
+                   help="also print the table of every SHMCOMM_* variable: scope, default, bounds")
     p.set_defaults(func=_cmd_info)
     p = sub.add_parser("ls", help="list this user's shared-memory segments")
     p.add_argument("--job", help="only the segments of this job")

@@ -15,7 +15,8 @@
 # Files: this one holds Communicator's fields, layout, inline helpers, lifecycle and the entry
 # points; its mechanisms are free functions taking the Communicator, one concern per file:
 # joining.pxi (rendezvous), waits.pxi (steps, waits, health, descriptors), leases.pxi (single copy
-# and leases), queue.pxi (running ops, the queue, the progress thread), heap.pxi (sc.empty).
+# and leases), queue.pxi (running ops, the queue, the progress thread), heap.pxi (sc.empty),
+# tuning.pxi (what rank 0 measures and chooses as the group runs).
 #
 # Progress engine (shm_engine.h). A synchronous call holds the engine "inline" once everything
 # issued before it ran, and runs on the caller's thread. An async call queues its _Call and

@@ -92,6 +92,38 @@ def test_info():
 
 
 @pytest.mark.timeout(30)
+def test_info_says_first_what_works_here_and_keeps_the_table_behind_settings():
+    res = shmcomm_cli("info")
+    assert res.returncode == 0, res.stderr
+    keys = [line.split(":")[0] for line in res.stdout.splitlines()[:4]]
+    assert keys == ["version", "torch backend", "bench peers", "single copy"], res.stdout
+    assert re.search(r"^single copy:\s+(yes|no): ", res.stdout, re.M)
+    assert "SHMCOMM_SLOT_BYTES " not in res.stdout  # the table only with --settings
+    assert re.search(r"^settings: \d+ SHMCOMM_\* variables, 0 set here; the table: shmcomm info --settings$",
+                     res.stdout, re.M), res.stdout
+    full = shmcomm_cli("info", "--settings")
+    assert full.returncode == 0 and re.search(r"^  SHMCOMM_SLOT_BYTES +group +1 MiB", full.stdout, re.M)
+
+
+def test_capabilities_name_what_is_missing(monkeypatch):
+    import importlib.metadata
+
+    from shmcomm import capabilities
+
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: (_ for _ in ()).throw(
+        importlib.metadata.PackageNotFoundError(name)) if name == "torch" else real(name))
+    assert capabilities.torch_backend() == 'no: torch is not installed (pip install ".[torch]" from a checkout)'
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.5.1" if name == "torch" else real(name))
+    assert capabilities.torch_backend() == "no: torch 2.5.1 is outside the supported 2.7 to 2.15"
+    monkeypatch.setenv("SHMCOMM_BENCH_UNAVAILABLE", "gloo,mpi")
+    missing = capabilities.bench_peers().split("; missing: ")[1]
+    assert missing.startswith("gloo (marked unavailable by SHMCOMM_BENCH_UNAVAILABLE), mpi (marked")
+    # this machine lets siblings read each other (the suite's single-copy tests rely on it)
+    assert capabilities.single_copy().startswith("yes: sibling processes may read each other's memory")
+
+
+@pytest.mark.timeout(30)
 def test_info_json_and_settings_from_the_environment():
     import json
 

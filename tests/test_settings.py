@@ -102,7 +102,7 @@ def test_info_marks_what_is_set_and_never_prints_a_secret():
     rows = {row["var"]: row for row in _info_json(SHMCOMM_SECRET="hunter2", SHMCOMM_YIELDS="7")["settings"]}
     assert rows["SHMCOMM_YIELDS"]["value"] == "7"
     assert rows["SHMCOMM_SECRET"]["value"] == "(set)"
-    text = subprocess.run([sys.executable, "-m", "shmcomm.cli", "info"], capture_output=True, text=True,
+    text = subprocess.run([sys.executable, "-m", "shmcomm.cli", "info", "--settings"], capture_output=True, text=True,
                           timeout=60, env={**os.environ, "SHMCOMM_SECRET": "hunter2"}).stdout
     assert "hunter2" not in text
     assert re.search(r"^\* SHMCOMM_SECRET\s+job\s+\(set\)", text, re.M), text
@@ -155,7 +155,7 @@ def test_info_shows_each_ceiling_where_it_shows_the_floor():
     rows = {row["var"]: row for row in _info_json()["settings"]}
     assert rows["SHMCOMM_SLOT_BYTES"]["ceiling"] == 1 << 30
     assert rows["SHMCOMM_JOB"]["ceiling"] is None
-    text = subprocess.run([sys.executable, "-m", "shmcomm.cli", "info"], capture_output=True, text=True,
+    text = subprocess.run([sys.executable, "-m", "shmcomm.cli", "info", "--settings"], capture_output=True, text=True,
                           timeout=60).stdout
     assert re.search(r"SHMCOMM_SLOT_BYTES .*; at least 4096; at most 1073741824:", text), text
 
