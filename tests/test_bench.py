@@ -308,6 +308,41 @@ def test_progress_off_a_terminal_is_one_start_and_one_finish_line(capsys):
     assert "\r" not in err and "shmcomm-bench:" not in out
 
 
+def test_progress_off_a_terminal_says_where_it_is_every_so_often(monkeypatch):
+    monkeypatch.setattr(bench.progress, "LOG_EVERY", 0.0)  # a line at every step but the last
+    stream = io.StringIO()
+    progress = bench.progress.Progress(3, stream=stream)
+    progress.start("all_reduce on shmcomm")
+    for size in (8, 64, 512):
+        progress("shmcomm", {"collective": "all_reduce", "size": size, "results": {}})
+    progress.finish()
+    lines = stream.getvalue().splitlines()
+    assert [re.sub(r"in [\d.]+ s", "in T s", line) for line in lines[1:]] == [
+        "shmcomm-bench: 1 of 3 steps in T s (last: shmcomm all_reduce 8 B)",
+        "shmcomm-bench: 2 of 3 steps in T s (last: shmcomm all_reduce 64 B)",
+        "shmcomm-bench: 3 of 3 steps in T s"], lines
+
+
+@pytest.mark.timeout(60)
+def test_a_busy_machine_is_warned_about_and_unsteady_rows_are_flagged(capsys, monkeypatch):
+    from shmcomm.bench import cli
+
+    monkeypatch.setattr(cli, "_loadavg", lambda: 82.0)
+    status, out, err = run_main(capsys, "barrier", "-n", "2", "--iters", "2", "-q")
+    assert status == 0, out + err
+    cores = len(os.sched_getaffinity(0))
+    warning = (f"WARNING: load average 82.0 before the run on {cores} cores: other work is running, "
+               "and every time here is slower than this machine can do (the peers' too, unevenly)")
+    assert f"shmcomm-bench: {warning}" in err and f"# {warning}" in out
+    rows = [{"backend": "shmcomm", "collective": "all_reduce", "size": 1 << 20, "variant": "in-place",
+             "min_us": 100.0, "p90_us": 1240.0},
+            {"backend": "shmcomm", "collective": "all_reduce", "size": 8, "variant": "in-place",
+             "min_us": 1.0, "p90_us": 1.5}]
+    assert cli._unsteady_rows(rows, "shmcomm", "all_reduce") == (
+        "# unsteady (p90/min > 3: something else ran, or the machine changed state): 1 MiB ip (p90/min 12.4)")
+    assert cli._unsteady_rows(rows[1:], "shmcomm", "all_reduce") is None
+
+
 @pytest.mark.timeout(10)
 def test_progress_on_a_terminal_is_one_live_line():
     class Tty(io.StringIO):

@@ -254,6 +254,34 @@ def _loadavg() -> float | None:
         return None
 
 
+UNSTEADY = 3.0  # rows whose p90 / min exceed this are flagged under their table
+
+
+def _busy_warning(load: float | None, when: str) -> str | None:
+    """A warning when other work held more than the cores (load average above their count)."""
+    cores = len(usable_cores())
+    if load is None or load <= cores:
+        return None
+    return (f"WARNING: load average {load:.1f} {when} on {cores} cores: other work is running, and "
+            "every time here is slower than this machine can do (the peers' too, unevenly)")
+
+
+def _unsteady_rows(records: list[dict], backend: str, collective: str) -> str | None:
+    """The rows of one table whose spread says the machine was busy during them."""
+    wild = [f"{format_size(r['size'])} {'ip' if r['variant'] == 'in-place' else 'oop'} "
+            f"(p90/min {r['p90_us'] / r['min_us']:.1f})"
+            for r in records if r["backend"] == backend and r["collective"] == collective
+            and r.get("min_us") and r.get("p90_us") and r["p90_us"] / r["min_us"] > UNSTEADY]
+    if not wild:
+        return None
+    return (f"# unsteady (p90/min > {UNSTEADY:g}: something else ran, or the machine changed state): "
+            + ", ".join(wild))
+
+
+def _load_text(load: float | None) -> str:
+    return "unknown" if load is None else f"{load:.2f}"
+
+
 def _one_or_list(values: list):
     return values[0] if len(values) == 1 else values
 
@@ -301,6 +329,9 @@ def run(args: argparse.Namespace, out=None) -> int:
     progress.start(f"{', '.join(args.collectives) if len(args.collectives) < 3 else 'all collectives'} "
                    f"on {', '.join(args.backend)}")
     load_before = _loadavg()
+    busy = _busy_warning(load_before, "before the run")
+    if busy:
+        print(f"{PROG}: {busy}", file=sys.stderr)
     try:
         results = run_backends(args.backend, args.nranks, cfg, progress, args.timeout,
                                shlex.split(args.mpirun_args), serial=args.serial)
@@ -333,6 +364,8 @@ def run(args: argparse.Namespace, out=None) -> int:
                        f"{PROG}: {args.nranks} ranks, {', '.join(args.dtypes)}, op {', '.join(args.ops)}",
                        f"shmcomm {shmcomm.__version__} | {meta['date'].replace('T', ' ')} | "
                        f"{platform.machine()}, {meta['cores']} cores, {args.nranks} ranks | "
+                       f"{'backends one after another' if args.serial else 'backends taking turns'} | "
+                       f"load {_load_text(load_before)} before, {_load_text(load_after)} after | "
                        f"line: median, band: min to p90")
         except BenchError as exc:
             print(f"{PROG}: {exc}", file=sys.stderr)
@@ -359,6 +392,9 @@ def _print_report(args, cfg, results, records, loads, out) -> int:
         for res in ran:
             if any(r["collective"] == coll and r["backend"] == res.backend for r in records):
                 lines += ["#", _header(res, args, coll), format_table(records, res.backend, coll)]
+                unsteady = _unsteady_rows(records, res.backend, coll)
+                if unsteady:
+                    lines.append(unsteady)
     if args.check:
         wrong = sum(r["wrong"] or 0 for r in records)
         lines += ["#", f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}"]
@@ -366,6 +402,8 @@ def _print_report(args, cfg, results, records, loads, out) -> int:
     if None not in loads:  # other work on the machine moves every number; say how busy it was
         lines += ["#", f"# load average (1 min) before: {loads[0]:.2f}, after: {loads[1]:.2f} "
                        f"on {len(usable_cores())} cores"]
+        lines += [f"# {w}" for w in (_busy_warning(loads[0], "before the run"),
+                                     _busy_warning(loads[1], "after it")) if w]
     peers = [res.backend for res in ran if res.backend != "shmcomm"]
     if peers and any(res.backend == "shmcomm" for res in ran):
         lines += ["#", format_ratios(records, args.collectives, peers)]
