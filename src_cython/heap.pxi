@@ -38,7 +38,9 @@ cdef _alloc_shared(Communicator self, size_t nbytes_per_rank):
                 nonce = int.from_bytes(os.urandom(8), "little")
                 self.cb(0).desc[made][D_ALLOC_NONCE] = nonce
                 try:
-                    seg = Segment.create(name, total)
+                    seg = Segment.create(
+                        name, total, f"sc.empty: {mib(nbytes_per_rank)} x {self.size} ranks (one "
+                        "segment holds every rank's array)")
                     hh = <capi.shm_heap_header_t *>seg.base
                     hh.nonce = nonce
                     memcpy(hh.tag, <char *>tag, 32)
@@ -57,9 +59,10 @@ cdef _alloc_shared(Communicator self, size_t nbytes_per_rank):
                 if failed is not None:
                     raise failed
                 raise ShmcommError(
-                    f"empty: rank 0 could not create the shared array's segment of {total} "
-                    f"bytes in /dev/shm ({self.cb(0).desc[made][D_ALLOC_FREE]} bytes free; see "
-                    f"rank 0's error; enlarge /dev/shm, e.g. docker --shm-size)")
+                    f"empty: rank 0 could not create the shared array's segment of {mib(total)} "
+                    f"({mib(nbytes_per_rank)} x {self.size} ranks) in /dev/shm "
+                    f"({mib(self.cb(0).desc[made][D_ALLOC_FREE])} free then; see rank 0's error); "
+                    f"{SHM_SPACE_HINT}")
             if self.rank != 0:
                 nonce = self.cb(0).desc[made][D_ALLOC_NONCE]
                 try:

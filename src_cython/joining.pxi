@@ -56,7 +56,10 @@ cdef _rendezvous(Communicator self, size_t slot_bytes, size_t ring_bytes, size_t
 cdef _create(Communicator self, str name, str host, str boot, size_t total, size_t cma_bytes):
     """Rank 0: make the segment of ``total`` bytes (laid out: _layout), write its header, then
     give it its name."""
-    self.seg = Segment.create(name, total)
+    self.seg = Segment.create(
+        name, total, f"the group's segment ({self.size} ranks: two slots of "
+        f"{mib(self.slot_bytes)} each and a ring of {mib(self.ring_bytes)} per pair of ranks)",
+        f"{SHM_SPACE_HINT}; or lower SHMCOMM_SLOT_BYTES / SHMCOMM_RING_BYTES")
     self.base = self.seg.base
     self.hdr = <capi.shm_header_t *>self.base
     self.hdr.version = SHM_VERSION

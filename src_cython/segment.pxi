@@ -48,10 +48,11 @@ cdef class Segment:
         self.staged = None
 
     @staticmethod
-    cdef Segment create(str name, size_t size):
+    cdef Segment create(str name, size_t size, str what=None, str hint=None):
         """Make a mapped segment of ``size`` bytes that is to be called ``name``, not under that
         name yet (``publish`` gives it the name once its header is written): with no name where
-        the system allows (O_TMPFILE), else under its staging name."""
+        the system allows (O_TMPFILE), else under its staging name. ``what`` says what it holds
+        and ``hint`` what to do when /dev/shm has no room for it (the error names both)."""
         cdef int fd = -1
         cdef str staged = None
         try:
@@ -90,11 +91,9 @@ cdef class Segment:
         if rc != 0:
             close(fd)
             seg.unlink()
-            free = _shm_free_bytes()
             raise ShmcommError(
-                f"cannot reserve {size} bytes in /dev/shm for {name}: {_os_error_text(rc)} "
-                f"({free} bytes free; enlarge /dev/shm, e.g. docker --shm-size, or lower "
-                f"SHMCOMM_SLOT_BYTES)")
+                f"cannot reserve {mib(size)} in /dev/shm for {what or name}: {_os_error_text(rc)} "
+                f"({_shm_space_text()}); {hint or SHM_SPACE_HINT}")
         seg._map(fd, size)
         return seg
 
@@ -222,6 +221,24 @@ cdef _refuse_if_foreign(str name):
             raise
     except OSError:
         pass  # gone meanwhile: the caller's EEXIST handling retries
+
+
+SHM_SPACE_HINT = ("enlarge /dev/shm: docker run --shm-size=1g ..., or as root mount -o "
+                  "remount,size=1G /dev/shm")
+
+
+def mib(n) -> str:
+    """Bytes for people: ``mib(3 << 20) == '3.0 MiB'``, ``mib(512) == '0.00049 MiB'``."""
+    return f"{n / (1 << 20):.1f} MiB" if n >= (1 << 20) // 10 else f"{n / (1 << 20):.2g} MiB"
+
+
+def _shm_space_text() -> str:
+    """``'12.0 MiB free of 64.0 MiB'``: what /dev/shm has now."""
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return "its free space unknown"
+    return f"{mib(st.f_bavail * st.f_frsize)} free of {mib(st.f_blocks * st.f_frsize)}"
 
 
 def _shm_free_bytes():

@@ -1,6 +1,7 @@
 """Error paths: every one raises a clear error on every rank, none hangs, none leaks a segment."""
 
 import os
+import re
 import signal
 import time
 from datetime import timedelta
@@ -261,10 +262,14 @@ def _empty_too_large(rank, size):
 @pytest.mark.parametrize("world", [2, 3])
 def test_every_rank_gets_the_cause_of_a_failed_shared_allocation(world):
     messages = run_ranks(_empty_too_large, world)
-    assert "cannot reserve" in messages[0] and "No space left on device" in messages[0], messages
+    # sizes in MiB, the factor explained (per rank x ranks), the hint for shared arrays
+    assert re.match(rf"cannot reserve [\d.]+ MiB in /dev/shm for sc.empty: [\d.]+ MiB x {world} ranks "
+                    r"\(one segment holds every rank's array\): No space left on device \([\d.]+ MiB free "
+                    r"of [\d.]+ MiB\); enlarge /dev/shm: docker run --shm-size=1g", messages[0]), messages
     for text in messages[1:]:
-        assert "rank 0 could not create the shared array's segment" in text, text
-        assert "bytes free" in text and "docker --shm-size" in text, text
+        assert re.match(rf"empty: rank 0 could not create the shared array's segment of [\d.]+ MiB "
+                        rf"\([\d.]+ MiB x {world} ranks\) in /dev/shm \([\d.]+ MiB free then; see rank "
+                        r"0's error\); enlarge /dev/shm: docker run --shm-size=1g", text), text
 
 
 def _empty_against_another_collective(rank, size):

@@ -1,6 +1,7 @@
 """Process groups: environment init, sub-groups with group-local ranks, teardown, API hygiene."""
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -261,6 +262,10 @@ def test_new_group_whose_segment_rank_0_cannot_make_fails_at_once():
     results = json.loads(done.stdout.strip().splitlines()[-1])
     assert results[0][0].startswith("ShmcommError: cannot reserve"), results
     assert "No space left on device" in results[0][0], results
+    assert re.search(r"MiB in /dev/shm for the group's segment \(\d+ ranks: two slots of [\d.]+ MiB each and "
+                     r"a ring of [\d.]+ MiB per pair of ranks\): No space left on device \([\d.]+ MiB free "
+                     r"of 64.0 MiB\); enlarge /dev/shm: .*; or lower SHMCOMM_SLOT_BYTES / SHMCOMM_RING_BYTES",
+                     results[0][0]), results
     for error, took in results[1:]:
         assert error.startswith("ShmcommError: rank 0 of the new group (rank 0 of the group it is "
                                 "made from) could not create the new group's shared segment: "
