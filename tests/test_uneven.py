@@ -199,6 +199,11 @@ def _bad_arguments(rank, size):
         (lambda: sc.all_gather_v(np.empty(4, np.float32), x, [2]), ValueError, "counts must be 2"),
         (lambda: sc.all_gather_v(np.empty(4, np.float32), x, [2, -1]), ValueError, "non-negative"),
         (lambda: sc.all_gather_v(np.empty(3, np.float32), x, [2, 2]), ValueError, "ends past"),
+        # mpi4py's order (the send buffer first): the error names shmcomm's order
+        (lambda: sc.all_gather_v(x, np.empty(4, np.float32), [2, 2]), ValueError,
+         "output: piece 1 (counts[1]=2 from element 2) ends past the array's 2 elements; counts cut "
+         "the array that holds every rank's piece, and shmcomm's arguments come in its own order: "
+         "all_gather_v(output, array, counts), gather_v(array, output, counts, dst=)"),
         # a displacement near 2**63 must not wrap the bounds check (it once pointed before the array)
         (lambda: sc.all_gather_v(np.empty(4, np.float32), x, [2, 2], [0, 2**63 - 2]), ValueError,
          "ends past"),

@@ -42,6 +42,13 @@ cdef long long *_room(int size) except NULL:
     return at
 
 
+# Appended where counts do not fit the array they cut: mpi4py's habit puts the send buffer first.
+V_ORDER = ("; counts cut the array that holds every rank's piece, and shmcomm's arguments come in "
+           "its own order: all_gather_v(output, array, counts), gather_v(array, output, counts, dst=), "
+           "scatter_v(output, input, counts, src=), reduce_scatter_v(output, input, counts) (mpi4py's "
+           "Allgatherv and Reduce_scatter take the send buffer first)")
+
+
 cdef int _check_counts(object counts, object displs, long long length, int size, str argname,
                        bint disjoint, long long *cs, long long *ds) except -1:
     """check_counts into C arrays: a typed loop, as this is on every v call's path."""
@@ -57,7 +64,7 @@ cdef int _check_counts(object counts, object displs, long long length, int size,
     for q in range(size):  # both are non-negative: written so that no sum can overflow
         if cs[q] > length or ds[q] > length - cs[q]:
             raise ValueError(f"{argname}: piece {q} (counts[{q}]={cs[q]} from element {ds[q]}) "
-                             f"ends past the array's {length} elements")
+                             f"ends past the array's {length} elements{V_ORDER}")
     if disjoint and displs is not None:
         spans = sorted((ds[q], ds[q] + cs[q], q) for q in range(size) if cs[q])
         for (lo, hi, q), (lo2, hi2, q2) in zip(spans, spans[1:]):
