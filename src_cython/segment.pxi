@@ -223,16 +223,16 @@ cdef _refuse_if_foreign(str name):
         pass  # gone meanwhile: the caller's EEXIST handling retries
 
 
-SHM_SPACE_HINT = ("enlarge /dev/shm: docker run --shm-size=1g ..., or as root mount -o "
-                  "remount,size=1G /dev/shm")
+cdef str SHM_SPACE_HINT = ("enlarge /dev/shm: docker run --shm-size=1g ..., or as root mount -o "
+                           "remount,size=1G /dev/shm")
 
 
-def mib(n) -> str:
+cdef str mib(n):
     """Bytes for people: ``mib(3 << 20) == '3.0 MiB'``, ``mib(512) == '0.00049 MiB'``."""
     return f"{n / (1 << 20):.1f} MiB" if n >= (1 << 20) // 10 else f"{n / (1 << 20):.2g} MiB"
 
 
-def _shm_space_text() -> str:
+cdef str _shm_space_text():
     """``'12.0 MiB free of 64.0 MiB'``: what /dev/shm has now."""
     try:
         st = os.statvfs("/dev/shm")

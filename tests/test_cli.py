@@ -99,7 +99,7 @@ def test_info_says_first_what_works_here_and_keeps_the_table_behind_settings():
     assert keys == ["version", "torch backend", "bench peers", "single copy"], res.stdout
     assert re.search(r"^single copy:\s+(yes|no): ", res.stdout, re.M)
     assert "SHMCOMM_SLOT_BYTES " not in res.stdout  # the table only with --settings
-    assert re.search(r"^settings: \d+ SHMCOMM_\* variables, 0 set here; the table: shmcomm info --settings$",
+    assert re.search(r"^settings: \d+ SHMCOMM_\* variables, \d+ set here( \(.*\))?; the table: shmcomm info --settings$",
                      res.stdout, re.M), res.stdout
     full = shmcomm_cli("info", "--settings")
     assert full.returncode == 0 and re.search(r"^  SHMCOMM_SLOT_BYTES +group +1 MiB", full.stdout, re.M)

@@ -43,10 +43,10 @@ cdef long long *_room(int size) except NULL:
 
 
 # Appended where counts do not fit the array they cut: mpi4py's habit puts the send buffer first.
-V_ORDER = ("; counts cut the array that holds every rank's piece, and shmcomm's arguments come in "
-           "its own order: all_gather_v(output, array, counts), gather_v(array, output, counts, dst=), "
-           "scatter_v(output, input, counts, src=), reduce_scatter_v(output, input, counts) (mpi4py's "
-           "Allgatherv and Reduce_scatter take the send buffer first)")
+cdef str V_ORDER = ("; counts cut the array that holds every rank's piece, and shmcomm's arguments come in "
+                    "its own order: all_gather_v(output, array, counts), gather_v(array, output, "
+                    "counts, dst=), scatter_v(output, input, counts, src=), reduce_scatter_v(output, "
+                    "input, counts) (mpi4py's Allgatherv and Reduce_scatter take the send buffer first)")
 
 
 cdef int _check_counts(object counts, object displs, long long length, int size, str argname,
