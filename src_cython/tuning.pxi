@@ -31,7 +31,9 @@
 #   calls of a class it flips that class's way for a window of TUNE_WINDOW calls, times them (the
 #   first TUNE_WARM not: lines still move from the old way's state; each sample clipped at 3x the
 #   average, so one preempted call cannot decide) and keeps the flip if it was faster by
-#   TUNE_GAIN. The first window opens early (a job's first state matters most, and a 16 MiB class
+#   TUNE_GAIN than as many calls just before the window (warm, and close in time: weighed
+#   against the whole average, the first calls' page faults once made a 32 MiB class switch to
+#   the slower way). The first window opens early (a job's first state matters most, and a 16 MiB class
 #   may see few calls); a window that changed nothing doubles the class's period up to
 #   TUNE_PERIOD_MAX, so probing costs about TUNE_WINDOW / period of the calls, under 0.05% once
 #   settled (some 60 calls of each class in all before that); one that changed the choice sets it
@@ -55,6 +57,8 @@ ctypedef struct tuner_t:
     double avg[16]           # per class: average ns of a call the way in use
     double probe[16]         # per class: ns of the window's timed calls, in all
     int probe_n[16]          # per class: the window's timed calls
+    double base[16]          # per class: ns of the calls just before the window, in all
+    int base_n[16]           # per class: those calls (the window is compared with them)
 
 
 cdef inline int _size_class(size_t nbytes) noexcept nogil:
@@ -115,10 +119,15 @@ cdef void _tune_timed(Communicator c, tuner_t *t, size_t nbytes, uint64_t starte
     window = t.period[b] - <uint64_t>TUNE_WINDOW
     avg = t.avg[b]
     if i < window:
+        if i == 0:
+            t.base[b], t.base_n[b] = 0, 0
         if avg == 0:
             t.avg[b] = ns
         else:  # a slow outlier (a preempted rank) moves the average by at most a quarter
             t.avg[b] = avg + (min(ns, 3 * avg) - avg) / 8
+        if i + <uint64_t>(TUNE_WINDOW - TUNE_WARM) >= window:  # the calls the window is weighed against
+            t.base[b] += min(ns, 3 * avg) if avg > 0 else ns
+            t.base_n[b] += 1
         if i + 1 == window:  # the window opens: this class the other way
             t.probe[b], t.probe_n[b] = 0, 0
             capi.shm_store_relaxed(t.mask, capi.shm_load_relaxed(t.mask) ^ bit)
@@ -128,8 +137,12 @@ cdef void _tune_timed(Communicator c, tuner_t *t, size_t nbytes, uint64_t starte
         t.probe_n[b] += 1
     if i + 1 < t.period[b]:
         return
-    # The window closes: keep the flip if it was clearly faster, else flip back.
+    # The window closes: keep the flip if it was clearly faster than the calls just before it
+    # (both warm, and close in time: the first calls of a class pay page faults, and the
+    # machine's state moves), else flip back.
     t.calls[b] = 0
+    if t.base_n[b]:
+        avg = t.base[b] / t.base_n[b]
     if t.probe_n[b] and t.probe[b] / t.probe_n[b] < TUNE_GAIN * avg:
         t.avg[b] = t.probe[b] / t.probe_n[b]
         t.period[b] = TUNE_PERIOD_CHANGED
