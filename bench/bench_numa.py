@@ -1,5 +1,5 @@
 """all_reduce (or ``--collective`` reduce_scatter, all_gather) composed inside each NUMA node first
-(shmcomm/numa.py) against the flat paths, on ranks that ``shmrun --bind-to numa`` binds round
+(shmcomm/hierarchy/numa.py) against the flat paths, on ranks that ``shmrun --bind-to numa`` binds round
 robin to the machine's NUMA nodes. Sizes are all ranks' data together.
 
 Each round runs the same job twice, ``SHMCOMM_NUMA_BYTES=0`` (flat) and ``=1`` (every size
@@ -63,7 +63,7 @@ for nbytes in map(int, sys.argv[1].split(",")):
         reps.append(float(took[0]))
     rows.append([nbytes, statistics.median(reps) * 1e6])
 if sc.get_rank() == 0:
-    numa = comm.composite
+    numa = comm.levels[0] if comm.levels else None
     print("RESULT " + json.dumps({"rows": rows, "nodes": None if numa is None else numa.topology.nodes,
                                   "composed_calls": 0 if numa is None else numa.calls}), flush=True)
 sc.destroy_process_group()
@@ -102,7 +102,7 @@ def main() -> None:
                         help="K blocks of ranks act as NUMA nodes (unbound): the cost alone")
     args = parser.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
-    from shmcomm.numa import machine_numa_nodes
+    from shmcomm.cpus import machine_numa_nodes
 
     print(f"# {args.collective}, {args.nranks} ranks, {os.cpu_count()} CPUs, {machine_numa_nodes()} NUMA node(s); "
           + (f"simulated: {args.simulate} blocks, unbound" if args.simulate > 1 else "shmrun --bind-to numa"))

@@ -83,7 +83,7 @@ def format_size(n: int) -> str:
 
 def usable_cores() -> int:
     try:
-        from shmcomm.launcher.cpus import usable_cores as cores
+        from shmcomm.cpus import usable_cores as cores
         return len(cores())
     except Exception:  # pragma: no cover - shmcomm without its launcher
         return os.cpu_count() or 1

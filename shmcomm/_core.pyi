@@ -63,6 +63,8 @@ class Work:
     def source_rank(self) -> int: ...
     def abort(self) -> None: ...
 
+def add_route(comm: Communicator, entry: str, level: Any, min_bytes: int, min_ranks: int = 2,
+              bfloat16: bool = True) -> None: ...
 def group_settings(size: int, threads_per_rank: int = 1, busy_ranks: int | None = None) -> dict[str, int]: ...
 
 class Communicator:
@@ -94,11 +96,9 @@ class Communicator:
     single_copy_reductions: int  # reductions of private arrays that went by single copy
     threads_per_rank: int
     busy_ranks: int
-    # all_reduce, all_gather_into and reduce_scatter_into of private arrays from composite_bytes
-    # (in all) up go to composite's methods of those names (shmcomm/numa.py); abort and close too
-    composite: Any
-    composite_bytes: int
-    composite_bf16: bool
+    # the composition levels serving some of this group's calls (add_route; shmcomm.hierarchy)
+    @property
+    def levels(self) -> list[Any]: ...
     def __init__(self, job: str, part: str, rank: int, size: int, timeout: float,
                  secret: str | bytes | Credentials | None = None, threads_per_rank: int = 1,
                  watch: Callable[[], None] | None = None, busy_ranks: int | None = None) -> None: ...

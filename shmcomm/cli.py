@@ -179,8 +179,8 @@ def _settings_lines(nranks: int) -> list[tuple[str, str]]:
 
 def _numa_line() -> str:
     """How many NUMA nodes have CPUs, and whether this process is bound inside one (what decides
-    whether large collectives compose inside NUMA nodes: shmcomm/numa.py)."""
-    from shmcomm.numa import machine_numa_nodes, rank_numa_node
+    whether large collectives compose inside NUMA nodes: shmcomm/hierarchy/numa.py)."""
+    from shmcomm.cpus import machine_numa_nodes, rank_numa_node
 
     count, mine = machine_numa_nodes(), rank_numa_node()
     if count == 1:

@@ -148,11 +148,11 @@ class ProcessGroup(_core.GroupCore):
         self._subgroups = 0
         self._destroyed = False
         _alive.add(self)
-        if engine is None and comm.composite is None:
-            from shmcomm.numa import attach as attach_numa  # it builds on shmcomm.multinode
+        if engine is None and not comm.levels:
+            from shmcomm.hierarchy import attach_levels  # it builds on shmcomm.multinode
 
             try:
-                attach_numa(comm)  # large collectives inside each NUMA node first, where it applies
+                attach_levels(comm)  # compositions serving some calls, where they apply
             except BaseException:
                 self.destroy()
                 raise

@@ -155,7 +155,7 @@ SETTINGS: tuple[Setting, ...] = (
             "point to point: unexpected single-copy messages held in private buffers, at most "
             "(in all); past it, their senders wait for a matching receive", 0,
             "unexpected_bytes", lambda g: 256 << 20, _THRESHOLD_MAX),
-    # Unmeasured: no machine with several NUMA nodes was at hand (shmcomm/numa.py). Below about
+    # Unmeasured: no machine with several NUMA nodes was at hand (shmcomm/hierarchy/numa.py). Below about
     # a megabyte the composition's four steps of waiting should cost more than the cross-node
     # traffic it saves.
     Setting("SHMCOMM_NUMA_BYTES", "group", "1 MiB",

@@ -158,13 +158,11 @@ cdef class Communicator:
     cdef readonly unsigned long long single_copy_reductions  # reductions of private arrays by single copy
     cdef readonly int threads_per_rank  # busy threads per rank (group_settings), kept for derive
     cdef readonly int busy_ranks  # ranks of the job running here: this group's, or its parent's
-    # A composition that runs all_reduce, all_gather_into and reduce_scatter_into of private
-    # arrays from composite_bytes (in all) up instead of the flat paths (shmcomm/numa.py: inside
-    # each NUMA node first): its methods of those names are called for them, with this
-    # Communicator's arguments, and its abort(reason) and close() with this group's; None: flat
-    cdef public object composite
-    cdef public size_t composite_bytes
-    cdef public bint composite_bf16  # the composition takes bfloat16 (its views need ml_dtypes)
+    # The compositions that may serve this group's calls instead of the flat paths, per kind in
+    # the order added (add_route; shmcomm/hierarchy/ installs them): _route_t rows. None until
+    # one is added, so a call of a group without any pays one test (registry.pxi's _route).
+    cdef list routes
+    cdef readonly list levels   # the levels behind the routes: aborted and closed with this group
 
     def __cinit__(self):
         self.pidfds = NULL
@@ -178,7 +176,8 @@ cdef class Communicator:
         self.closed = True
         self.engine_ready = False
         self.op_name = b"init"
-        self.composite = None
+        self.routes = None
+        self.levels = []
 
     def __init__(self, str job, str part, int rank, int size, double timeout, secret=None,
                  int threads_per_rank=1, watch=None, busy_ranks=None):
@@ -410,8 +409,8 @@ cdef class Communicator:
         """
         if self.hdr == NULL or _this_pid != self.owner_pid:
             return
-        if self.composite is not None:
-            self.composite.abort(reason, cause)
+        for level in self.levels:
+            level.abort(reason, cause)
         if reason is not None and capi.shm_fetch_add(&self.hdr.abort_claim, 1) == 0:
             _copy_text(self.hdr.abort_reason, reason, 511)
             self.hdr.abort_rank = self.rank
@@ -509,7 +508,7 @@ cdef class Communicator:
             return
         if _this_pid != self.owner_pid:
             self.closed = True
-            self._close_composite()
+            self._close_levels()
             return
         self.refuse_inside_own_operation()
         cdef int claim = SHM_CLAIM_NONE
@@ -539,12 +538,12 @@ cdef class Communicator:
             if self.pidfds[r] >= 0:
                 close(self.pidfds[r])
                 self.pidfds[r] = -1
-        self._close_composite()
+        self._close_levels()
 
-    cdef _close_composite(self):
-        composite, self.composite = self.composite, None
-        if composite is not None:
-            composite.close()
+    cdef _close_levels(self):
+        levels, self.levels, self.routes = self.levels, [], None
+        for level in levels:
+            level.close()
 
     def __dealloc__(self):
         if self.pidfds != NULL:
@@ -563,13 +562,6 @@ cdef class Communicator:
             raise ValueError(f"{argname} must be a rank in [0, {self.size}), got {root}")
         return 0
 
-    cdef inline bint _composes(self, op_t *o, size_t nbytes) noexcept:
-        """Whether the composition runs a validated call moving ``nbytes`` in all: private arrays
-        (sc.empty ones keep the flat zero-copy path: no copy beats any composition) from
-        composite_bytes up, bfloat16 only where the composition can view it (ml_dtypes)."""
-        return self.composite is not None and nbytes >= self.composite_bytes and o.heap == 0 \
-            and (o.dtype != SHM_BFLOAT16 or self.composite_bf16)
-
     cpdef all_reduce(self, array, int op=SHM_SUM, bint async_op=False, double factor=1.0):
         cdef _Call call = _open(self, async_op)
         try:
@@ -577,9 +569,10 @@ cdef class Communicator:
         except BaseException:
             _abandon(self, call)
             raise
-        if self._composes(&call.o, call.o.nbytes):
+        level = _route(self, &call.o)
+        if level is not None:
             _abandon(self, call)
-            return self.composite.all_reduce(array, op, async_op, factor)
+            return level.all_reduce(array, op, async_op, factor)
         return _go(self, call, owners, array, True)
 
     cpdef reduce(self, array, int dst, int op=SHM_SUM, bint async_op=False, double factor=1.0):
@@ -617,9 +610,10 @@ cdef class Communicator:
         except BaseException:
             _abandon(self, call)
             raise
-        if self._composes(&call.o, call.o.nbytes * <size_t>self.size):
+        level = _route(self, &call.o)
+        if level is not None:
             _abandon(self, call)
-            return self.composite.all_gather_into(output, array, async_op)
+            return level.all_gather_into(output, array, async_op)
         return _go(self, call, owners, output, True)
 
     cpdef gather(self, array, gather_list, int dst, bint async_op=False):
@@ -663,9 +657,10 @@ cdef class Communicator:
         except BaseException:
             _abandon(self, call)
             raise
-        if self._composes(&call.o, call.o.nbytes * <size_t>self.size):
+        level = _route(self, &call.o)
+        if level is not None:
             _abandon(self, call)
-            return self.composite.reduce_scatter_into(output, input, op, async_op, factor)
+            return level.reduce_scatter_into(output, input, op, async_op, factor)
         return _go(self, call, owners, output, True)
 
     cpdef all_to_all(self, list output_list, list input_list, bint async_op=False):
@@ -736,14 +731,10 @@ cdef int _exec_entry(Communicator c, op_t *o) except -1 nogil:
 
 
 cdef int _exec_batch_entry(Communicator c, op_t **ops, int k) except -1 nogil:
-    """Run k small (or k medium) reductions together; returns how many are done."""
-    cdef uint64_t timer
-    cdef int m
+    """Run k calls of one kind and batch class together (the kind's row's run_batch); returns
+    how many are done."""
     _begin(c, _kind_cname(ops[0].kind))
-    timer = _tune_timer(c, ops[0].nbytes)
-    m = _reduce_batch(c, ops, k) if _batch_class(c, ops[0]) == 1 else _reduce_batch_medium(c, ops, k)
-    _tune_timed(c, &c.stores, ops[0].nbytes, timer)
-    return m
+    return _KIND_ROWS[ops[0].kind].run_batch(c, ops, k)
 
 
 cdef const char *_kind_cname(int kind) noexcept nogil:

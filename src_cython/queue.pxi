@@ -27,13 +27,14 @@ cdef void _run_queued(Communicator self, op_t *o, bint background) noexcept nogi
     cdef op_t *batch[MAX_BATCH]
     cdef op_t *nxt
     cdef size_t room = self.slot_bytes
-    cdef int j, k = 1, rc, settle = 0, kind = _batch_class(self, o)
+    cdef int j, k = 1, rc, settle = 0, kind = _batch_of(self, o)
     batch[0] = o
     if kind:
         room -= _batch_bytes(o, 0)
         while k < MAX_BATCH:
             nxt = <op_t *>capi.shm_engine_peek(&self.engine, k)
-            if nxt == NULL or _batch_class(self, nxt) != kind or _batch_bytes(nxt, k) > room:
+            if nxt == NULL or _batch_of(self, nxt) != kind or _batcher(nxt) != _batcher(o) \
+                    or _batch_bytes(nxt, k) > room:
                 break
             room -= _batch_bytes(nxt, k)
             batch[k] = nxt

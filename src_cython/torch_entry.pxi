@@ -29,7 +29,7 @@ cdef int _torch_all_reduce(const char *group, int op, void *data, int64_t count,
     except BaseException:
         _abandon(c, call)
         raise
-    if c._composes(&call.o, call.o.nbytes):  # a composition (NUMA) takes arrays: the Python kernel
+    if _route(c, &call.o) is not None:  # a composition (NUMA) takes arrays: the Python kernel
         _abandon(c, call)
         return 1
     _go(c, call, None, None, True)

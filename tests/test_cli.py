@@ -80,7 +80,7 @@ def test_info():
     m = re.search(r"^/dev/shm:\s+([\d.]+) (\w+) free of ([\d.]+) (\w+)$", res.stdout, re.M)
     assert m, res.stdout
     assert re.search(r"^cores:\s+\d+ usable of \d+$", res.stdout, re.M)
-    from shmcomm.numa import machine_numa_nodes
+    from shmcomm.cpus import machine_numa_nodes
     assert re.search(rf"^NUMA nodes:\s+{machine_numa_nodes()}\b", res.stdout, re.M), res.stdout
     assert re.search(r"^simd:\s+\S", res.stdout, re.M)
     from shmcomm import _core

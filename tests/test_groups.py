@@ -149,7 +149,7 @@ def test_every_engine_provides_the_engine_calls_with_compatible_signatures():
 
     from shmcomm import _core
     from shmcomm.group import ENGINE_CALLS, Engine, EngineGroup
-    from shmcomm.multinode.compose import HierarchicalComm
+    from shmcomm.hierarchy.compose import HierarchicalComm
 
     def params(fn):
         return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]

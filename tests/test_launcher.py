@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from shmcomm import segments
-from shmcomm.launcher import cpus as cpu_topology
+from shmcomm import cpus as cpu_topology
 from shmcomm.launcher.environment import free_port_pair
 
 SCRIPTS = Path(__file__).parent / "launcher_scripts"
@@ -846,7 +846,7 @@ def test_standalone_and_nproc_auto():
 
 def test_torchrun_spellings_parse():
     from shmcomm.launcher.cli import parse_args
-    from shmcomm.launcher.cpus import usable_cores
+    from shmcomm.cpus import usable_cores
 
     cores = len(usable_cores())
     assert parse_args(["-n", "auto", "true"]).nproc == cores
@@ -983,7 +983,7 @@ def test_timestamp_output():
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("kind", ["numa", "socket"])
 def test_bind_to_numa_or_socket_with_report(kind):
-    from shmcomm.launcher.cpus import cpu_domains
+    from shmcomm.cpus import cpu_domains
 
     res = shmrun("-n", "3", "--bind-to", kind, "--report-bindings", "env_report.py")
     assert res.returncode == 0, res.stderr

@@ -1,6 +1,6 @@
-"""all_reduce inside each NUMA node first (shmcomm/numa.py), on a forced topology: this machine has
+"""all_reduce inside each NUMA node first (shmcomm/hierarchy/numa.py), on a forced topology: this machine has
 one NUMA node, so ``SHMCOMM_SIMULATE_NUMA=K`` makes blocks of consecutive ranks act as nodes, and
-``numa.install`` places ranks round robin as ``shmrun --bind-to numa`` does. A low
+``numa.install`` (then ``add_routes``) places ranks round robin as ``shmrun --bind-to numa`` does. A low
 ``SHMCOMM_NUMA_BYTES`` sends small arrays through the composition. Results are compared bit for
 bit with numpy reducing in the composition's order (each node in rank order, then the nodes in
 order), on every rank."""
@@ -45,7 +45,7 @@ def _every_dtype_and_op(rank, size, counts):
     from shmcomm import _core, group
 
     comm = group.default_group()._comm
-    numa = comm.composite
+    numa = comm.levels[0]
     assert numa is not None, "no composition on a simulated topology"
     before, checked = numa.calls, 0
     for dtype in DTYPES:
@@ -88,7 +88,7 @@ def _large(rank, size):
     import shmcomm as sc
     from shmcomm import group
 
-    numa = group.default_group()._comm.composite
+    numa = group.default_group()._comm.levels[0]
     # past the 1 MiB slot (the node's pipelined path) and odd
     for count, op in ((600_000, "SUM"), (600_001, "AVG")):
         x = make_input(np.dtype(np.float32), count, rank)
@@ -105,12 +105,13 @@ def test_large_arrays_with_the_default_threshold():
 
 
 def _round_robin(rank, size):
-    from shmcomm import _core, group, numa
+    from shmcomm import _core, group
+    from shmcomm.hierarchy import add_routes, numa
 
     comm = group.default_group()._comm
-    assert comm.composite is None  # one NUMA node here, and no simulation asked for
-    got = numa.install(comm, [r % 2 for r in range(size)], 64)
-    assert got is comm.composite and got.topology.nodes == [[0, 2], [1, 3]]
+    assert not comm.levels  # one NUMA node here, and no simulation asked for
+    got = add_routes(comm, numa.install(comm, [r % 2 for r in range(size)], 64))
+    assert got is comm.levels[0] and got.topology.nodes == [[0, 2], [1, 3]]
     for dtype in (np.dtype(np.float32), np.dtype(np.int32)):
         for op in ("SUM", "MAX", "AVG"):
             x = make_input(dtype, 333, rank)
@@ -140,7 +141,7 @@ def _which_path(rank, size):
     from shmcomm import group
 
     comm = group.default_group()._comm
-    numa = comm.composite
+    numa = comm.levels[0]
     sc.all_reduce(np.ones(7, np.float64))  # 56 bytes: below the threshold, flat
     assert numa.calls == 0
     shared = sc.empty(70_000, np.float32)  # sc.empty past 256 KiB: the flat zero-copy path
@@ -165,12 +166,12 @@ def _which_path(rank, size):
     sub = sc.new_group(list(range(size)))
     y = np.full(100, 1.0)
     sc.all_reduce(y, group=sub)
-    assert sub._comm.composite.calls == 1 and (y == size).all()
+    assert sub._comm.levels[0].calls == 1 and (y == size).all()
     # groups made through the whole group count its ranks when they decide to spin
     assert sub._comm.busy_ranks == numa._node.busy_ranks == numa._rail.busy_ranks == size
     pair = sc.new_group([0, 1])
     if pair is not None:
-        assert pair._comm.composite is None
+        assert not pair._comm.levels
     return True
 
 
@@ -182,7 +183,7 @@ def test_small_and_shared_arrays_stay_flat_and_issue_order_holds():
 def _layout_with_no_use(rank, size):
     from shmcomm import group
 
-    return group.default_group()._comm.composite is None
+    return not group.default_group()._comm.levels
 
 
 @pytest.mark.timeout(90)
@@ -226,7 +227,7 @@ def _torch(rank, size, store):
     dist.init_process_group("shmcomm", init_method=f"file://{store}", rank=rank, world_size=size)
     try:
         comm = dist.group.WORLD._get_backend(torch.device("cpu"))._comm
-        nodes = comm.composite.topology.nodes
+        nodes = comm.levels[0].topology.nodes
         for dtype, np_dtype in ((torch.float32, np.dtype(np.float32)), (torch.bfloat16, BFLOAT16)):
             for op, name in ((dist.ReduceOp.SUM, "SUM"), (dist.ReduceOp.AVG, "AVG")):
                 x = make_input(np_dtype, 1001, rank)
@@ -251,7 +252,7 @@ def _torch(rank, size, store):
         dist.all_gather_into_tensor(whole, out)
         assert_same_bits(whole.float().numpy().astype(BFLOAT16), np.concatenate(pieces),
                          "all_gather_into_tensor")
-        return comm.composite.calls
+        return comm.levels[0].calls
     finally:
         dist.destroy_process_group()
 
@@ -313,19 +314,19 @@ def test_a_rank_is_on_a_numa_node_only_when_bound_inside_one(tmp_path):
     """The topology as sysfs tells it: two nodes of one CPU each (this machine's CPUs 0 and 1)."""
     import os
 
-    from shmcomm import numa
+    from shmcomm import cpus
 
     sysfs = _fake_sysfs(tmp_path, {0: "0", 1: "1"})
-    assert numa.machine_numa_nodes(sysfs) == 2
-    assert numa.machine_numa_nodes(_fake_sysfs(tmp_path / "one", {0: "0-1"})) == 1
+    assert cpus.machine_numa_nodes(sysfs) == 2
+    assert cpus.machine_numa_nodes(_fake_sysfs(tmp_path / "one", {0: "0-1"})) == 1
     allowed = os.sched_getaffinity(0)
     try:
         for cpu in sorted(allowed & {0, 1}):
             os.sched_setaffinity(0, {cpu})
-            assert numa.rank_numa_node(sysfs) == cpu
+            assert cpus.rank_numa_node(sysfs) == cpu
         if {0, 1} <= allowed:
             os.sched_setaffinity(0, {0, 1})
-            assert numa.rank_numa_node(sysfs) == -1  # free to run on both: unbound
+            assert cpus.rank_numa_node(sysfs) == -1  # free to run on both: unbound
     finally:
         os.sched_setaffinity(0, allowed)
 
@@ -334,9 +335,9 @@ def _bound_ranks(rank, size, sysfs):
     import os
 
     import shmcomm as sc
-    from shmcomm import group, numa
+    from shmcomm import cpus, group
 
-    numa.SYSFS = sysfs
+    cpus.SYSFS = sysfs
     cpu = sorted(os.sched_getaffinity(0))[rank % 2]
     os.sched_setaffinity(0, {cpu})  # as shmrun --bind-to numa binds them: round robin
     sc.init_process_group(rank=rank, world_size=size, name=os.environ["TEST_JOB"], timeout=30)
@@ -344,7 +345,7 @@ def _bound_ranks(rank, size, sysfs):
     x = np.full(1000, float(rank))
     sc.all_reduce(x)
     assert (x == sum(range(size))).all()
-    return comm.composite.topology.nodes, comm.composite.calls
+    return comm.levels[0].topology.nodes, comm.levels[0].calls
 
 
 @pytest.mark.timeout(90)

@@ -125,7 +125,7 @@ def test_a_group_counts_the_ranks_of_its_job_that_run_beside_it():
 # ---- ceilings (issue 47): a value that cannot work fails at start-up, naming the variable -------
 def test_every_size_and_count_has_a_ceiling_enforced_naming_the_variable(monkeypatch):
     """SHMCOMM_SLOT_BYTES=2**62 was accepted: the segment's size wrapped to one without slots."""
-    from shmcomm.multinode.topology import simulated_nodes
+    from shmcomm.hierarchy.topology import simulated_nodes
     from shmcomm.settings import read_int
 
     capped = [s for s in SETTINGS if s.floor is not None]

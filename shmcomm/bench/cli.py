@@ -14,7 +14,7 @@ import sys
 import traceback
 
 import shmcomm
-from shmcomm.launcher.cpus import usable_cores
+from shmcomm.cpus import usable_cores
 
 from .cases import ANY, OP_ALIASES, OPS, Case, expand, steps
 from .common import BACKENDS, COLLECTIVES, EXIT_USAGE, PROG, BenchError

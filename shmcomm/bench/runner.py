@@ -17,7 +17,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from shmcomm.launcher.cpus import usable_cores
+from shmcomm.cpus import usable_cores
 from shmcomm.launcher.environment import free_port, threads_per_rank
 
 from .peers import deepspeed_leftovers, deepspeed_missing, intel_mpi

@@ -17,7 +17,7 @@ import sys
 
 from shmcomm import __version__
 from shmcomm.launcher.config import PROG, LaunchConfig
-from shmcomm.launcher.cpus import usable_cores
+from shmcomm.cpus import usable_cores
 from shmcomm.launcher.environment import LAUNCHER_VARIABLES
 from shmcomm.launcher.limits import MAX_RANKS, too_many_ranks
 

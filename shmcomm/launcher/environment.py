@@ -15,7 +15,7 @@ import socket
 from shmcomm import trust
 from shmcomm.launcher import error_file
 from shmcomm.launcher.config import PROG, LaunchConfig
-from shmcomm.launcher.cpus import cpu_domains, usable_cores
+from shmcomm.cpus import cpu_domains, usable_cores
 
 __all__ = ["free_port", "job_name", "threads_per_rank", "binding_plan", "rank_environment"]
 

@@ -29,7 +29,7 @@ from shmcomm import segments, trust
 from shmcomm.launcher import error_file
 from shmcomm.launcher.config import LaunchConfig
 from shmcomm.launcher.console import Console, Stream
-from shmcomm.launcher.cpus import format_cpulist, usable_cores
+from shmcomm.cpus import format_cpulist, usable_cores
 from shmcomm.launcher.environment import binding_plan, free_port, job_name, rank_environment
 from shmcomm.launcher.node_link import Failure, NodeLink
 from shmcomm.launcher.outcome import Outcome, Rank, exit_code, how_ended, left_early, signal_name, who

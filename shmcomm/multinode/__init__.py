@@ -6,10 +6,9 @@ One concept per module; arrows point at what a module uses::
     (ProcessGroup, EngineGroup;             |   |         start: init_process_group's hook,
      register_multinode)                    |   |         registered below
                                             |   v
-                       topology.py <---- compose.py     HierarchicalComm: the composed collectives
-                       who runs where       |   |         (an Engine of shmcomm.group), numpy inside
-                       (hosts, nodes,       |   v
-                       rails, SIMULATE)     |  uneven.py, scratch.py
+              shmcomm.hierarchy: <------ compose.py     HierarchicalComm: the composed collectives
+              topology.py (hosts,           |             (an Engine of shmcomm.group), numpy inside;
+              nodes, rails, SIMULATE)       |             uneven.py, scratch.py beside it
                                             v
                                          link.py        the Link contract (numpy arrays), the
                                             |             engine choice (SHMCOMM_LINK), connect
@@ -24,7 +23,7 @@ One concept per module; arrows point at what a module uses::
                                     shmcomm.torch)                 env:// store
 
 A collective on a ``HierarchicalGroup`` runs as one operation of the node group's progress
-engine: ``compose`` drives the node's ``Communicator`` and two links, the rail (this rank's local
+engine: ``shmcomm.hierarchy.compose`` drives the node's ``Communicator`` and two links, the rail (this rank's local
 index on every node) and the world (every rank). ``shmcomm.group`` imports nothing from here:
 importing this package registers ``group.start`` with it (``import shmcomm`` does so).
 
@@ -36,9 +35,9 @@ Example::
 """
 
 import shmcomm.group as _groups
-from shmcomm.multinode.compose import HierarchicalComm
+from shmcomm.hierarchy.compose import HierarchicalComm
 from shmcomm.multinode.group import HierarchicalGroup, build, start
-from shmcomm.multinode.topology import Topology
+from shmcomm.hierarchy.topology import Topology
 
 __all__ = ["HierarchicalComm", "HierarchicalGroup", "Topology", "build", "start"]
 

@@ -17,9 +17,9 @@ import numpy as np
 from shmcomm._core import reduce_kernel
 from shmcomm.errors import ShmcommError
 from shmcomm.multinode.link import Launch, check_same, descriptor
-from shmcomm.multinode.scratch import Scratch
+from shmcomm.hierarchy.scratch import Scratch
 from shmcomm.multinode.store import StoreMeeting, from_environment, torch_timeout
-from shmcomm.multinode.topology import spans_nodes
+from shmcomm.hierarchy.topology import spans_nodes
 from shmcomm.ops import ReduceOp
 
 __all__ = ["BUSY_THREADS", "GlooLink", "connect", "launch"]

@@ -15,9 +15,9 @@ import shmcomm._core as _core
 import shmcomm.multinode.link as link
 from shmcomm.errors import ShmcommError
 from shmcomm.group import EngineGroup, ProcessGroup
-from shmcomm.multinode.compose import HierarchicalComm
+from shmcomm.hierarchy.compose import HierarchicalComm
 from shmcomm.multinode.store import Meeting, share_job
-from shmcomm.multinode.topology import Topology, host_identity
+from shmcomm.hierarchy.topology import Topology, host_identity
 from shmcomm.trust import new_secret
 
 __all__ = ["HierarchicalGroup", "build", "start"]

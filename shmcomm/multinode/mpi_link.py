@@ -29,7 +29,7 @@ import numpy as np
 from shmcomm._core import reduce_kernel
 from shmcomm.errors import CollectiveMismatchError, CommTimeoutError, ShmcommError
 from shmcomm.multinode.link import Launch, check_same, descriptor
-from shmcomm.multinode.scratch import Scratch
+from shmcomm.hierarchy.scratch import Scratch
 
 __all__ = ["BUSY_THREADS", "MPILink", "MPIMeeting", "connect", "launch"]
 
@@ -144,7 +144,7 @@ def launch(name: str | None, timeout: float | None) -> Launch | None:
         started = launch(None, None)   # under SHMCOMM_LINK=mpi mpirun -n 4 python script.py
     """
     from shmcomm.group import job_arguments
-    from shmcomm.multinode.topology import spans_nodes
+    from shmcomm.hierarchy.topology import spans_nodes
     from shmcomm.trust import SECRET_ENV, given_secret, new_secret
 
     if not launched_by_mpi():

@@ -150,15 +150,24 @@ cdef inline size_t _batch_bytes(op_t *o, int j) noexcept nogil:
     return (BATCH_HEADER if j else 0) + _align_up(o.nbytes, 64)
 
 
+cdef int _run_reduce_batch(Communicator c, op_t **ops, int k) except -1 nogil:
+    """Run k small (or k medium) reductions together; returns how many are done."""
+    cdef uint64_t timer = _tune_timer(c, ops[0].nbytes)
+    cdef int m = _reduce_batch(c, ops, k) if _batch_class(c, ops[0]) == 1 else _reduce_batch_medium(c, ops, k)
+    _tune_timed(c, &c.stores, ops[0].nbytes, timer)
+    return m
+
+
 cdef inline bint _medium_size(Communicator c, size_t nbytes) noexcept nogil:
     """Reductions between the one-shot and the single-copy sizes that fit one slot: reduce-scatter
     plus all-gather in two steps, several calls at once."""
     return not c._address_step_size(nbytes) and nbytes <= c.slot_bytes and not c._one_shot_size(nbytes)
 
 
-cdef inline int _batch_class(Communicator c, op_t *o) noexcept nogil:
-    """1: small (one shot), 2: medium (two steps), 0: runs alone. Calls batch with their class."""
-    if (o.kind != K_ALL_REDUCE and o.kind != K_REDUCE) or c.size == 1 or o.heap:
+cdef int _batch_class(Communicator c, op_t *o) noexcept nogil:
+    """The batcher of all_reduce and reduce (their registry rows): 1: small (one shot), 2: medium
+    (two steps), 0: runs alone. Calls batch with their kind and class."""
+    if c.size == 1 or o.heap:
         return 0
     if c._one_shot_size(o.nbytes):
         return 1

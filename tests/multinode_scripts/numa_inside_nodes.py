@@ -11,6 +11,6 @@ rank, size = sc.get_rank(), sc.get_world_size()
 x = np.arange(700_000, dtype=np.float64) + rank  # 5.6 MB: past the hierarchy's 4 MiB, by shards
 sc.all_reduce(x)
 assert np.array_equal(x, np.arange(700_000) * size + sum(range(size))), x[:3]
-numa = pg.node._comm.composite
+numa = pg.node._comm.levels[0]
 print(f"rank {rank}: numa-inside-nodes ok calls={numa.calls} {type(pg).__name__}", flush=True)
 sc.destroy_process_group()

@@ -29,11 +29,11 @@ from typing import NoReturn
 import numpy as np
 
 import shmcomm._core as _core
-import shmcomm.multinode.uneven as uneven
+import shmcomm.hierarchy.uneven as uneven
 from shmcomm.multinode.link import check_same, descriptor, lost_peer
 from shmcomm.errors import PeerFailureError, ShmcommError
-from shmcomm.multinode.scratch import Scratch
-from shmcomm.multinode.topology import Topology
+from shmcomm.hierarchy.scratch import Scratch
+from shmcomm.hierarchy.topology import Topology
 from shmcomm.ops import ReduceOp
 
 __all__ = ["HierarchicalComm", "SMALL_BYTES", "flat", "name_in_whole_group", "numpy_bfloat16"]
@@ -272,7 +272,7 @@ class HierarchicalComm:
     def all_reduce_steps(self, a: np.ndarray, op: int, factor: float) -> None:
         """all_reduce's steps on the calling thread, which runs them as one operation of some
         progress engine (this class's own ``all_reduce`` queues them on its node group's; the
-        NUMA composition of ``shmcomm.numa`` on its flat group's)."""
+        NUMA composition of ``shmcomm.hierarchy.numa`` on its flat group's)."""
         # 1. inside the node: SUM for AVG (divided at the end), PREMUL_SUM scales there
         # 2. between nodes: SUM for AVG and PREMUL_SUM; by leaders up to SMALL_BYTES, by shards
         #    above; everything over the world link when there are no rails

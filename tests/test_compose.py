@@ -1,4 +1,4 @@
-"""The hierarchy's composition (shmcomm.multinode.compose.HierarchicalComm) on one machine: four plain
+"""The hierarchy's two-level steps (shmcomm.hierarchy.compose.HierarchicalComm) on one machine: four plain
 processes told they sit on two "nodes", each node a real shared-memory group and the rails real
 gloo links, so every stage runs as across machines (tests/test_multinode.py runs the real thing
 in namespaces). Both rank layouts: nodes of consecutive ranks (as torchrun numbers them: the
@@ -29,10 +29,10 @@ def _hierarchy(rank, size, hosts, store_path, job):
     import torch.distributed as dist
 
     from shmcomm import _core
-    from shmcomm.multinode.compose import HierarchicalComm
+    from shmcomm.hierarchy.compose import HierarchicalComm
     from shmcomm.multinode.gloo_link import BUSY_THREADS, connect
     from shmcomm.multinode.store import StoreMeeting
-    from shmcomm.multinode.topology import Topology
+    from shmcomm.hierarchy.topology import Topology
 
     topology = Topology(hosts)
     node, local = topology.node_of[rank], topology.local_of[rank]
@@ -86,7 +86,7 @@ def test_composed_collectives_match_numpy_in_both_rank_layouts(layout, tmp_path)
     results = run_ranks(_compose, size, LAYOUTS[layout], str(tmp_path / "store"), job, init=False,
                         timeout=150)
     f32, i64 = np.dtype(np.float32), np.dtype(np.int64)
-    from shmcomm.multinode.compose import SMALL_BYTES
+    from shmcomm.hierarchy.compose import SMALL_BYTES
 
     assert ODD_LARGE * 4 > SMALL_BYTES
     odd = reduce_reference([make_input(f32, ODD_LARGE, r) for r in range(size)], "SUM")

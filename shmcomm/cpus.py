@@ -1,17 +1,25 @@
-"""The CPU cores a launcher can give its ranks: which cores this process may use, and how they
-group into NUMA nodes, sockets or single cores (read from sysfs), for ``shmrun --bind-to``.
+"""The machine's CPU topology, read from sysfs, for the launcher and the composition levels alike:
+which cores this process may use, how they group into NUMA nodes, sockets or single cores
+(``shmrun --bind-to``), how many NUMA nodes the machine has and which one this rank is bound to
+(``shmcomm.hierarchy.numa``).
 
     usable_cores()                       # [0, 1]
     cpu_domains("numa")                  # [(0, [0, 1])]: one NUMA node with both cores
+    machine_numa_nodes(), rank_numa_node()   # 1, 0 on a small VM
 """
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 import re
 
-__all__ = ["usable_cores", "cpu_domains", "parse_cpulist", "format_cpulist"]
+__all__ = ["usable_cores", "cpu_domains", "parse_cpulist", "format_cpulist", "machine_numa_nodes",
+           "rank_numa_node"]
+
+# where the topology is read (tests point it at a made-up tree)
+SYSFS = "/sys"
 
 
 def usable_cores() -> list[int]:
@@ -49,7 +57,7 @@ def format_cpulist(cpus) -> str:
     return ",".join(out)
 
 
-def cpu_domains(kind: str, usable: list[int] | None = None, root: str = "/sys") -> list[tuple[int, list[int]]]:
+def cpu_domains(kind: str, usable: list[int] | None = None, root: str = SYSFS) -> list[tuple[int, list[int]]]:
     """The usable cores grouped for ``--bind-to kind``: ``(id, cores)`` per NUMA node (``numa``,
     from ``node*/cpulist``), per socket (``socket``, from each core's ``physical_package_id``) or
     per core (``core``), in id order, leaving out groups with no usable core. Without that
@@ -84,3 +92,26 @@ def cpu_domains(kind: str, usable: list[int] | None = None, root: str = "/sys") 
         raise ValueError(f"unknown binding {kind!r}: expected core, numa or socket")
     domains = [(i, sorted(cpus)) for i, cpus in sorted(groups.items()) if cpus]
     return domains or [(0, usable)]
+
+
+@functools.lru_cache(maxsize=None)
+def machine_numa_nodes(sysfs: str = SYSFS) -> int:
+    """How many NUMA nodes of this machine have CPUs (1 without that information in sysfs).
+
+    Example::
+
+        machine_numa_nodes()   # 1 on most laptops and small VMs, 2 on a two-socket server
+    """
+    return len(cpu_domains("numa", usable=list(range(os.cpu_count() or 1)), root=sysfs))
+
+
+def rank_numa_node(sysfs: str = SYSFS) -> int:
+    """The NUMA node this thread may run on, if its CPU affinity lies inside one; else -1
+    (unbound: the scheduler may move it, and its memory, to any node).
+
+    Example::
+
+        rank_numa_node()   # 1 under shmrun --bind-to numa on rank 1 of a two-socket server
+    """
+    domains = cpu_domains("numa", root=sysfs)
+    return domains[0][0] if len(domains) == 1 else -1

@@ -11,7 +11,7 @@ and more run, each as one operation of the group's progress engine:
 
 1. a check on the whole group that every rank called the same collective (a rank that took the
    flat path instead meets it there, and both raise CollectiveMismatchError);
-2. the multi-node composition's steps (``shmcomm.multinode.compose``), with shared-memory groups
+2. the multi-node composition's steps (``shmcomm.hierarchy.compose``), with shared-memory groups
    for both levels: each NUMA node's group and each *rail* (the ranks of one local index, one per
    node). all_reduce: reduce-scatter in the node, all_reduce of each shard along the rail,
    all-gather in the node. reduce_scatter: each node sums its ranks' pieces for every node, the
@@ -25,55 +25,27 @@ it saves. Not yet measured on a machine with several NUMA nodes (``bench/bench_n
 Example::
 
     SHMCOMM_SIMULATE_NUMA=2 shmrun -n 4 python train.py     # 2 simulated NUMA nodes of 2 ranks
-    pg._comm.composite.calls                                 # collectives it ran
+    pg._comm.levels[0].calls                                 # collectives it ran
 """
 
 from __future__ import annotations
 
-import functools
-import os
 from typing import Any
 
 import numpy as np
 
 import shmcomm._core as _core
+from shmcomm import cpus
 from shmcomm.errors import PeerFailureError
-from shmcomm.launcher.cpus import cpu_domains
-from shmcomm.multinode.compose import HierarchicalComm, flat, name_in_whole_group, numpy_bfloat16
+from shmcomm.hierarchy.compose import HierarchicalComm, flat, name_in_whole_group, numpy_bfloat16
+from shmcomm.hierarchy.topology import Topology
 from shmcomm.multinode.link import check_same, descriptor
-from shmcomm.multinode.topology import Topology
 from shmcomm.settings import find, read_int
 
-__all__ = ["NumaComm", "attach", "install", "machine_numa_nodes", "rank_numa_node"]
-
-# where the CPU topology is read (tests point it at a made-up tree)
-SYSFS = "/sys"
+__all__ = ["NumaLevel", "attach", "install"]
 
 
-@functools.lru_cache(maxsize=None)
-def machine_numa_nodes(sysfs: str = SYSFS) -> int:
-    """How many NUMA nodes of this machine have CPUs (1 without that information in sysfs).
-
-    Example::
-
-        machine_numa_nodes()   # 1 on most laptops and small VMs, 2 on a two-socket server
-    """
-    return len(cpu_domains("numa", usable=list(range(os.cpu_count() or 1)), root=sysfs))
-
-
-def rank_numa_node(sysfs: str = SYSFS) -> int:
-    """The NUMA node this thread may run on, if its CPU affinity lies inside one; else -1
-    (unbound: the scheduler may move it, and its memory, to any node).
-
-    Example::
-
-        rank_numa_node()   # 1 under shmrun --bind-to numa on rank 1 of a two-socket server
-    """
-    domains = cpu_domains("numa", root=sysfs)
-    return domains[0][0] if len(domains) == 1 else -1
-
-
-def attach(comm: _core.Communicator) -> NumaComm | None:
+def attach(comm: _core.Communicator) -> NumaLevel | None:
     """Give ``comm`` the NUMA composition for its large collectives, where it applies (see the
     module's text): then its groups per NUMA node and per rail are made and the composition
     returned, else None. Collective over ``comm``'s ranks (they agree: every input is the same
@@ -87,7 +59,7 @@ def attach(comm: _core.Communicator) -> NumaComm | None:
     if size < 4:
         return None
     simulated = read_int(find("SHMCOMM_SIMULATE_NUMA"), 1)
-    if simulated == 1 and machine_numa_nodes(SYSFS) == 1:
+    if simulated == 1 and cpus.machine_numa_nodes(cpus.SYSFS) == 1:
         return None  # the common case, decided without the group's settings or any exchange
     threshold = _core.group_settings(size, comm.threads_per_rank, comm.busy_ranks)["numa_bytes"]
     if threshold == 0:
@@ -96,18 +68,19 @@ def attach(comm: _core.Communicator) -> NumaComm | None:
         nodes = [r * simulated // size for r in range(size)]
     else:
         every = np.empty(size, np.int64)
-        comm.all_gather_into(every, np.array([rank_numa_node(SYSFS)], np.int64))
+        comm.all_gather_into(every, np.array([cpus.rank_numa_node(cpus.SYSFS)], np.int64))
         nodes = every.tolist()
         if -1 in nodes:
             return None
     return install(comm, nodes, threshold)
 
 
-def install(comm: _core.Communicator, nodes: list[int], threshold: int) -> NumaComm | None:
+def install(comm: _core.Communicator, nodes: list[int], threshold: int) -> NumaLevel | None:
     """``attach``'s second half: with rank r of ``comm`` on NUMA node ``nodes[r]`` (the same list
-    on every rank), make the groups of each node and rail and give ``comm`` the composition from
+    on every rank), make the groups of each node and rail and return the level serving from
     ``threshold`` bytes; None when the layout has no use for it (one node, nodes of different
-    sizes, or of one rank each). Collective. Tests call it to place ranks as they like.
+    sizes, or of one rank each). Collective. Tests call it, then ``shmcomm.hierarchy.add_routes``,
+    to place ranks as they like.
 
     Example::
 
@@ -124,26 +97,29 @@ def install(comm: _core.Communicator, nodes: list[int], threshold: int) -> NumaC
     except BaseException:
         node.close()
         raise
-    numa = NumaComm(comm, topology, node, rail)
-    comm.composite, comm.composite_bytes = numa, threshold
-    comm.composite_bf16 = numpy_bfloat16() is not None  # its views need it; else bf16 stays flat
-    return numa
+    return NumaLevel(comm, topology, node, rail, threshold)
 
 
-class NumaComm:
-    """The NUMA composition of one group's large collectives (``attach`` makes it): ``comm``, the
-    whole group; ``node``, this rank's NUMA node's group; ``rail``, the group of this rank's
-    local index on every node. ``comm`` calls its ``all_reduce``, ``reduce_scatter_into``,
-    ``all_gather_into``, ``abort`` and ``close``.
+class NumaLevel:
+    """The NUMA level of one group's large collectives (``attach`` makes it; a ``Level``):
+    ``comm``, the whole group; ``node``, this rank's NUMA node's group; ``rail``, the group of
+    this rank's local index on every node. It serves ``all_reduce``, ``reduce_scatter_into`` and
+    ``all_gather_into`` of ``threshold`` bytes and more (in all).
 
     Example::
 
-        pg._comm.composite.calls     # collectives that went this way
+        pg._comm.levels[0].calls     # collectives that went this way
     """
 
+    min_ranks = 4
+    # its steps view bfloat16 arrays through ml_dtypes: without it bfloat16 stays flat
+    bfloat16 = numpy_bfloat16() is not None
+
     def __init__(self, comm: _core.Communicator, topology: Any, node: _core.Communicator,
-                 rail: _core.Communicator):
+                 rail: _core.Communicator, threshold: int):
         self.topology = topology
+        self.routes = (("all_reduce", threshold), ("reduce_scatter_into", threshold),
+                       ("all_gather_into", threshold))
         self._comm, self._node, self._rail = comm, node, rail
         # the multi-node composition's steps, both levels shared memory: always by shards
         self._steps = HierarchicalComm(topology, comm.rank, node, rail, None, leaders_bytes=0)

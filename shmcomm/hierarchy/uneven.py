@@ -7,7 +7,7 @@ numpy arrays (counts in elements). Argument checks are the native ones (``check_
 
 Example::
 
-    from shmcomm.multinode import uneven
+    from shmcomm.hierarchy import uneven
     uneven.all_gather_list(comm.all_to_all_single_flat, outs, a, comm.rank, comm.size)
 """
 
