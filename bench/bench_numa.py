@@ -37,10 +37,10 @@ WORKER = r"""
 import json, statistics, sys, time
 import numpy as np
 import shmcomm as sc
-from shmcomm import group
+from shmcomm import world
 
 sc.init_process_group()
-comm = group.default_group()._comm
+comm = world.default_group()._comm
 rows = []
 collective, n = sys.argv[2], sc.get_world_size()
 for nbytes in map(int, sys.argv[1].split(",")):

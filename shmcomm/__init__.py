@@ -47,8 +47,8 @@ if _CORE_ERROR is None:
     from shmcomm._core import Future  # noqa: F401
     from shmcomm.ops import ReduceOp  # noqa: F401
     from shmcomm.work import Work  # noqa: F401
-    from shmcomm.group import (  # noqa: F401
-        ProcessGroup,
+    from shmcomm.group import ProcessGroup  # noqa: F401
+    from shmcomm.world import (  # noqa: F401
         destroy_process_group,
         get_rank,
         get_world_size,
@@ -58,7 +58,7 @@ if _CORE_ERROR is None:
         new_subgroups,
         split,
     )
-    from shmcomm import multinode  # noqa: F401  # registers groups across nodes with shmcomm.group
+    from shmcomm import multinode  # noqa: F401  # registers groups across nodes with shmcomm.world
     from shmcomm.spawn import spawn  # noqa: F401
     from shmcomm.waits import collect_all, wait_all, wait_any  # noqa: F401
     from shmcomm.collectives import *  # noqa: F401,F403

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence, TypeVar, ove
 import numpy as np
 
 import shmcomm._core as _core
-from shmcomm.group import PROC_NULL, EngineGroup, ProcessGroup, resolve
+from shmcomm.group import PROC_NULL, EngineGroup, ProcessGroup
+from shmcomm.world import resolve
 from shmcomm.ops import ReduceOp
 
 if TYPE_CHECKING:

@@ -81,7 +81,7 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: tuple = (), timeout: float 
     """
     import cloudpickle
 
-    from shmcomm.group import timeout_arg
+    from shmcomm.world import timeout_arg
     from shmcomm.launcher.config import LaunchConfig
     from shmcomm.launcher.limits import too_many_ranks
     from shmcomm.launcher.outcome import signal_name

@@ -570,7 +570,7 @@ def _batched_reductions(rank, size, mismatch_at, base):
     y = np.ones(3)
     sc.all_reduce(y)  # the group is still in step
     assert (y == size).all()
-    from shmcomm.group import default_group
+    from shmcomm.world import default_group
 
     return default_group()._comm.fused_calls
 
@@ -663,7 +663,7 @@ def _future_waited_inside_an_operation(rank, size):
     issues an async op and waits on its Future: that op queues behind the running one, so no
     thread can run it. Future.wait runs the queue as Work.wait does and says so at once; it
     waited for ever before (for the group's timeout)."""
-    from shmcomm.group import default_group
+    from shmcomm.world import default_group
 
     pg = default_group()
     seen = []

@@ -9,7 +9,7 @@ import pytest
 import shmcomm as sc
 from harness import run_ranks
 from shmcomm import _core
-from shmcomm.group import default_group
+from shmcomm.world import default_group
 from reference import (BFLOAT16, DTYPES, FACTORS, assert_same_bits, digest, make_input, ops_for,
                        reduce_reference)
 

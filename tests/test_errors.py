@@ -193,7 +193,7 @@ def _abort_for_a_death(rank, size):
     (here rank 2's, alive: only the plumbing is under test)."""
     import os
 
-    from shmcomm.group import default_group
+    from shmcomm.world import default_group
 
     pids = [None] * size
     sc.all_gather_object(pids, os.getpid())
@@ -370,7 +370,7 @@ def test_ctrl_c_interrupts_a_blocked_wait():
 
 def _destroy_inside_own_operation(rank, size):
     """A group destroyed from inside one of its own operations refuses, and stays whole."""
-    from shmcomm.group import default_group
+    from shmcomm.world import default_group
 
     pg = default_group()
     with pytest.raises(sc.ShmcommError, match="cannot be destroyed from inside one of its own"):

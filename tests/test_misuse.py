@@ -57,7 +57,7 @@ def _run_waits_for_its_own_group(rank, size):
     """A callable run by ProcessGroup.run that issues an async op on the same group and waits for
     it used to hang forever (the op is queued behind the running one): a clear error instead,
     and the group stays usable."""
-    from shmcomm.group import default_group
+    from shmcomm.world import default_group
 
     pg = default_group()
     x = np.ones(8)

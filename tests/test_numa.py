@@ -42,9 +42,9 @@ def staged_reference(inputs: list[np.ndarray], nodes: list[list[int]], op: str) 
 
 def _every_dtype_and_op(rank, size, counts):
     """all_reduce and reduce_scatter_into with every op, all_gather_into, on every dtype."""
-    from shmcomm import _core, group
+    from shmcomm import _core, world
 
-    comm = group.default_group()._comm
+    comm = world.default_group()._comm
     numa = comm.levels[0]
     assert numa is not None, "no composition on a simulated topology"
     before, checked = numa.calls, 0
@@ -86,9 +86,9 @@ def test_every_dtype_and_op_matches_numpy_in_the_composition_order(size, nodes):
 
 def _large(rank, size):
     import shmcomm as sc
-    from shmcomm import group
+    from shmcomm import world
 
-    numa = group.default_group()._comm.levels[0]
+    numa = world.default_group()._comm.levels[0]
     # past the 1 MiB slot (the node's pipelined path) and odd
     for count, op in ((600_000, "SUM"), (600_001, "AVG")):
         x = make_input(np.dtype(np.float32), count, rank)
@@ -105,10 +105,10 @@ def test_large_arrays_with_the_default_threshold():
 
 
 def _round_robin(rank, size):
-    from shmcomm import _core, group
+    from shmcomm import _core, world
     from shmcomm.hierarchy import add_routes, numa
 
-    comm = group.default_group()._comm
+    comm = world.default_group()._comm
     assert not comm.levels  # one NUMA node here, and no simulation asked for
     got = add_routes(comm, numa.install(comm, [r % 2 for r in range(size)], 64))
     assert got is comm.levels[0] and got.topology.nodes == [[0, 2], [1, 3]]
@@ -138,9 +138,9 @@ def test_nodes_of_interleaved_ranks_as_shmrun_binds_them():
 
 def _which_path(rank, size):
     import shmcomm as sc
-    from shmcomm import group
+    from shmcomm import world
 
-    comm = group.default_group()._comm
+    comm = world.default_group()._comm
     numa = comm.levels[0]
     sc.all_reduce(np.ones(7, np.float64))  # 56 bytes: below the threshold, flat
     assert numa.calls == 0
@@ -181,9 +181,9 @@ def test_small_and_shared_arrays_stay_flat_and_issue_order_holds():
 
 
 def _layout_with_no_use(rank, size):
-    from shmcomm import group
+    from shmcomm import world
 
-    return not group.default_group()._comm.levels
+    return not world.default_group()._comm.levels
 
 
 @pytest.mark.timeout(90)
@@ -314,7 +314,7 @@ def test_a_rank_is_on_a_numa_node_only_when_bound_inside_one(tmp_path):
     """The topology as sysfs tells it: two nodes of one CPU each (this machine's CPUs 0 and 1)."""
     import os
 
-    from shmcomm import cpus
+    from shmcomm import cpus, world
 
     sysfs = _fake_sysfs(tmp_path, {0: "0", 1: "1"})
     assert cpus.machine_numa_nodes(sysfs) == 2
@@ -335,13 +335,13 @@ def _bound_ranks(rank, size, sysfs):
     import os
 
     import shmcomm as sc
-    from shmcomm import cpus, group
+    from shmcomm import cpus, world
 
     cpus.SYSFS = sysfs
     cpu = sorted(os.sched_getaffinity(0))[rank % 2]
     os.sched_setaffinity(0, {cpu})  # as shmrun --bind-to numa binds them: round robin
     sc.init_process_group(rank=rank, world_size=size, name=os.environ["TEST_JOB"], timeout=30)
-    comm = group.default_group()._comm
+    comm = world.default_group()._comm
     x = np.full(1000, float(rank))
     sc.all_reduce(x)
     assert (x == sum(range(size))).all()

@@ -46,10 +46,10 @@ class Doubling:
 
 def _routed(rank, size):
     import shmcomm as sc
-    from shmcomm import group
+    from shmcomm import world
     from shmcomm.hierarchy import add_routes
 
-    comm = group.default_group()._comm
+    comm = world.default_group()._comm
     level = add_routes(comm, Doubling(comm, 400))
     assert comm.levels == [level]
     got = {}
@@ -85,10 +85,10 @@ def test_a_level_serves_the_calls_its_route_takes(size):
 
 def _too_few_ranks(rank, size):
     import shmcomm as sc
-    from shmcomm import group
+    from shmcomm import world
     from shmcomm.hierarchy import add_routes
 
-    comm = group.default_group()._comm
+    comm = world.default_group()._comm
     level = Doubling(comm, 0)
     level.min_ranks = 3
     add_routes(comm, level)
@@ -104,10 +104,10 @@ def test_a_route_needs_its_rank_count():
 
 def _closed_with_the_group(rank, size):
     import shmcomm as sc
-    from shmcomm import group
+    from shmcomm import world
     from shmcomm.hierarchy import add_routes
 
-    comm = group.default_group()._comm
+    comm = world.default_group()._comm
     level = add_routes(comm, Doubling(comm, 0))
     sc.destroy_process_group()
     return level.closed
@@ -119,9 +119,9 @@ def test_levels_close_with_their_group():
 
 
 def _refusals(rank, size):
-    from shmcomm import _core, group
+    from shmcomm import _core, world
 
-    comm = group.default_group()._comm
+    comm = world.default_group()._comm
     messages = []
     with pytest.raises(ValueError) as info:
         _core.add_route(comm, "broadcast", object(), 0)

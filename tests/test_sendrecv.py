@@ -10,7 +10,7 @@ import pytest
 
 import shmcomm as sc
 from harness import run_ranks
-from shmcomm.group import default_group
+from shmcomm.world import default_group
 
 # 0 elements, one slot's worth, and more than a slot (a message that waits for its receive)
 COUNTS = [0, 16, 1 << 20]

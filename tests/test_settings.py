@@ -14,7 +14,7 @@ import pytest
 import shmcomm as sc
 from harness import run_ranks
 from shmcomm import _core
-from shmcomm.group import job_arguments
+from shmcomm.world import job_arguments
 from shmcomm.settings import GROUP_TUNING, SETTINGS, find
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -21,7 +21,7 @@ WINDOW_OPENS = 32 - 6  # STORE_PERIOD_MIN - STORE_WINDOW timed calls
 
 
 def _comm(group=None):
-    from shmcomm.group import default_group
+    from shmcomm.world import default_group
 
     return (group or default_group())._comm
 

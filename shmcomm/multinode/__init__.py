@@ -2,9 +2,9 @@
 
 One concept per module; arrows point at what a module uses::
 
-    shmcomm.group  <--------------------- group.py      HierarchicalGroup (an EngineGroup), build,
-    (ProcessGroup, EngineGroup;             |   |         start: init_process_group's hook,
-     register_multinode)                    |   |         registered below
+    shmcomm.group, <--------------------- group.py      HierarchicalGroup (an EngineGroup), build,
+    shmcomm.world                           |   |         start: init_process_group's hook,
+    (EngineGroup; register_multinode)       |   |         registered below
                                             |   v
               shmcomm.hierarchy: <------ compose.py     HierarchicalComm: the composed collectives
               topology.py (hosts,           |             (an Engine of shmcomm.group), numpy inside;
@@ -23,8 +23,8 @@ One concept per module; arrows point at what a module uses::
                                     shmcomm.torch)                 env:// store
 
 A collective on a ``HierarchicalGroup`` runs as one operation of the node group's progress
-engine: ``shmcomm.hierarchy.compose`` drives the node's ``Communicator`` and two links, the rail (this rank's local
-index on every node) and the world (every rank). ``shmcomm.group`` imports nothing from here:
+engine: ``shmcomm.hierarchy.compose`` drives the node's ``Communicator`` and two links, the rail
+(this rank's local index on every node) and the world (every rank). ``shmcomm.world`` imports nothing from here:
 importing this package registers ``group.start`` with it (``import shmcomm`` does so).
 
 Example::
@@ -34,11 +34,11 @@ Example::
     # under mpirun, with SHMCOMM_LINK=mpi: MPI between nodes, no torch
 """
 
-import shmcomm.group as _groups
+import shmcomm.world as _world
 from shmcomm.hierarchy.compose import HierarchicalComm
 from shmcomm.multinode.group import HierarchicalGroup, build, start
 from shmcomm.hierarchy.topology import Topology
 
 __all__ = ["HierarchicalComm", "HierarchicalGroup", "Topology", "build", "start"]
 
-_groups.register_multinode(start)
+_world.register_multinode(start)

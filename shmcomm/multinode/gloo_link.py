@@ -282,7 +282,7 @@ def launch(name: str | None, timeout: float | None) -> Launch | None:
 
         started = launch(None, None)   # under torchrun --nnodes 2
     """
-    from shmcomm.group import job_arguments
+    from shmcomm.world import job_arguments
     from shmcomm.multinode.mpi_link import launched_by_mpi
 
     try:

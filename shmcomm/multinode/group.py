@@ -1,5 +1,5 @@
 """The numpy API's group across nodes: ``HierarchicalGroup``, how it is built (``build``) and how
-``init_process_group`` starts one (``start``, registered with ``shmcomm.group``).
+``init_process_group`` starts one (``start``, registered with ``shmcomm.world``).
 
 Example::
 

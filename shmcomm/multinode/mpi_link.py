@@ -143,7 +143,7 @@ def launch(name: str | None, timeout: float | None) -> Launch | None:
 
         started = launch(None, None)   # under SHMCOMM_LINK=mpi mpirun -n 4 python script.py
     """
-    from shmcomm.group import job_arguments
+    from shmcomm.world import job_arguments
     from shmcomm.hierarchy.topology import spans_nodes
     from shmcomm.trust import SECRET_ENV, given_secret, new_secret
 

@@ -72,7 +72,7 @@ def init_rpc(name: str, rank: int | None = None, world_size: int | None = None, 
         rpc.shutdown()
     """
     global _agent, _atexit_registered
-    from shmcomm.group import job_arguments
+    from shmcomm.world import job_arguments
 
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty string, got {name!r}")

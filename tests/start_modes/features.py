@@ -11,7 +11,7 @@ import sys
 import numpy as np
 
 import shmcomm as sc
-from shmcomm import group
+from shmcomm import world
 
 
 def main(rank: int, size: int, job: str | None) -> str:
@@ -31,7 +31,7 @@ def main(rank: int, size: int, job: str | None) -> str:
     sc.all_reduce(w)
     assert (w == sum(range(size))).all(), w[:4]
     if os.environ.get("SHMCOMM_SIMULATE_NUMA") == "2" and size == 4:
-        assert group.default_group()._comm.levels[0].calls == 1
+        assert world.default_group()._comm.levels[0].calls == 1
     # a sub-group of every other rank, in reverse order
     members = list(range(size))[::-2]
     sub = sc.new_group(members)
