@@ -4,7 +4,7 @@ Run:  python bench/bench_multinode.py [--per-node 2] [--nodes 2] [--sizes 8,1K,.
                                       [--collective all_reduce|reduce_scatter|all_gather]
                                       [--launcher torchrun|shmrun]
 
-Starts the nodes (bench/simulated_nodes.py: namespaces with their own hostname and /dev/shm,
+Starts the nodes (shmcomm/multinode/simulated.py: namespaces with their own hostname and /dev/shm,
 sharing loopback, under torchrun), then on every rank joins a default group on "shmcomm" (shared
 memory inside each node, gloo between nodes) and a second group on plain "gloo" over the same
 ranks, and times float32 ``dist.all_reduce`` of each size (or ``reduce_scatter_single`` /
@@ -125,7 +125,7 @@ def main() -> int:
     if "LOCAL_RANK" in os.environ:  # a rank started by torchrun
         rank_main(args)
         return 0
-    from simulated_nodes import finish, refusal, start_nodes
+    from shmcomm.multinode.simulated import finish, refusal, start_nodes
 
     why = refusal()
     if why:

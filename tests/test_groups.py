@@ -246,9 +246,9 @@ def test_new_group_whose_segment_rank_0_cannot_make_fails_at_once():
     import sys
     from pathlib import Path
 
+    from shmcomm.multinode.simulated import refusal
+
     tests = Path(__file__).resolve().parent
-    sys.path.insert(0, str(tests.parent / "bench"))
-    from simulated_nodes import refusal
 
     refused = refusal()  # (unshare and a tmpfs mount: the simulated nodes' needs, and these)
     if refused is not None:

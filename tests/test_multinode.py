@@ -20,8 +20,7 @@ SCRIPTS = Path(__file__).resolve().parent
 torch = pytest.importorskip("torch")
 
 
-sys.path.insert(0, str(REPO / "bench"))
-from simulated_nodes import finish as _finish, kill_node, refusal, start_nodes  # noqa: E402
+from shmcomm.multinode.simulated import finish as _finish, kill_node, refusal, start_nodes  # noqa: E402
 
 REFUSAL = refusal()
 pytestmark = pytest.mark.skipif(REFUSAL is not None, reason=str(REFUSAL))

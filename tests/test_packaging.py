@@ -75,8 +75,7 @@ def test_sdist_carries_the_tests_docs_and_examples():
     for top in ("tests", "docs", "examples"):
         wanted = set(_files(ROOT / top))
         assert wanted and wanted <= shipped, f"{top}/ files missing: {sorted(wanted - shipped)[:10]}"
-    # what they use from elsewhere in the checkout: the multi-node tests' node starter, the figures
-    assert "bench/simulated_nodes.py" in shipped
+    # what they use from elsewhere in the checkout: the figures
     for rst in (ROOT / "docs").glob("*.rst"):
         for target in re.findall(r"^\.\. (?:figure|image):: (\S+)", rst.read_text(), re.M):
             path = (ROOT / "docs" / target).resolve().relative_to(ROOT).as_posix()

@@ -86,3 +86,26 @@ def test_stubtest_core():
     proc = _run("mypy.stubtest", "shmcomm._core", "--mypy-config-file", str(ROOT / "pyproject.toml"),
                 "--allowlist", str(ROOT / "tests" / "stubtest_allowlist.txt"), "--ignore-unused-allowlist")
     assert proc.returncode == 0, f"stubtest: shmcomm/_core.pyi differs from the module:\n{proc.stdout}{proc.stderr}"
+
+
+def test_the_engine_protocol_is_the_stub_of_the_communicator():
+    """#44 item 3: ``shmcomm.group.Engine`` (what every engine of a group provides) and the stub of
+    the compiled ``Communicator`` (``shmcomm/_core.pyi``) are one declaration written twice; each
+    of the engine's calls has, in both, the same parameters, annotations, defaults and return
+    type, so a change to one that forgets the other fails here (static: read with ast)."""
+    import ast
+
+    def methods(tree: ast.Module, cls: str) -> dict[str, str]:
+        [node] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls]
+        out = {}
+        for fn in node.body:
+            if isinstance(fn, ast.FunctionDef):
+                fn.body, fn.decorator_list = [], []
+                out[fn.name] = ast.unparse(fn.args) + " -> " + ast.unparse(fn.returns)
+        return out
+
+    stub = methods(ast.parse((ROOT / "shmcomm" / "_core.pyi").read_text()), "Communicator")
+    protocol = methods(ast.parse((ROOT / "shmcomm" / "group.py").read_text()), "Engine")
+    assert len(protocol) == 16, sorted(protocol)
+    for name, signature in protocol.items():
+        assert stub.get(name) == signature, f"{name}: Engine {signature} != _core.pyi {stub.get(name)}"

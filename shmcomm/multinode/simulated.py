@@ -1,7 +1,8 @@
 """Simulated nodes on one machine: each a UTS, IPC and mount namespace (``unshare``) with its own
 hostname and an empty tmpfs on /dev/shm, sharing the loopback network, running ``torchrun
 --nnodes N --node-rank K --master-addr 127.0.0.1``. Such trees behave as separate machines to
-shmcomm (and to torch). Used by ``bench/bench_multinode.py`` and ``tests/test_multinode.py``.
+shmcomm (and to torch): how to test a multi-node job on one machine (as root). Used by
+``bench/bench_multinode.py`` and the multi-node tests.
 
     nodes = start_nodes("train.py", [2, 2])           # 2 nodes x 2 ranks
     for rc, out in finish(nodes, timeout=300): print(rc, out)
@@ -15,10 +16,10 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from shmcomm.launcher.environment import free_port_pair  # noqa: E402
+from shmcomm.launcher.environment import free_port_pair
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the directory holding this shmcomm package: the nodes' Python imports this very copy
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def refusal() -> str | None:
