@@ -23,6 +23,7 @@ from typing import Callable, Sequence, cast
 
 import shmcomm._core as _core
 from shmcomm.group import DEFAULT_TIMEOUT, ProcessGroup
+from shmcomm.launcher.mpirun import MpiLaunch, mpi_launch
 from shmcomm.settings import find, read_seconds
 
 __all__ = ["init_process_group", "is_initialized", "get_rank", "get_world_size", "new_group", "split",
@@ -38,39 +39,61 @@ _default: ProcessGroup | None = None
 _groups: list[ProcessGroup] = []
 
 
-def _env_int(var: str) -> int:
+def _env_int(var: str, launch: MpiLaunch | None, mpi_value: int) -> int:
+    """``var`` from the environment; else what mpirun said (``launch``'s ``mpi_value``)."""
     raw = os.environ.get(var)
     if raw is None:
-        raise ValueError(f"{var} is not set: pass it as an argument or run under shmrun/torchrun")
+        if launch is not None:
+            return mpi_value
+        raise ValueError(f"{var} is not set: pass it as an argument or run under shmrun, torchrun or mpirun")
     try:
         return int(raw)
     except ValueError:
         raise ValueError(f"{var} must be an integer, got {raw!r}") from None
 
 
-def _env_job() -> str:
+def _env_job(launch: MpiLaunch | None) -> str:
     job = os.environ.get("SHMCOMM_JOB")
     if job:
         return job
     run_id, port = os.environ.get("TORCHELASTIC_RUN_ID"), os.environ.get("MASTER_PORT")
     if run_id and port:
         return f"{run_id}-{port}"
+    if launch is not None and launch.job:
+        return launch.job
+    if launch is not None:
+        raise ValueError(f"{launch.launcher}'s mpirun names no job here: pass name=, or set SHMCOMM_JOB "
+                         f"for every rank (mpirun -x SHMCOMM_JOB=... or -genv SHMCOMM_JOB ...)")
     raise ValueError("SHMCOMM_JOB is not set (nor TORCHELASTIC_RUN_ID and MASTER_PORT): pass name= "
-                     "or run under shmrun/torchrun")
+                     "or run under shmrun, torchrun or mpirun")
+
+
+def _one_node(launch: MpiLaunch, size: int) -> None:
+    """A job mpirun spread over several nodes needs MPI between them: say so, not a hang."""
+    if launch.local_size not in (-1, size):
+        raise ValueError(f"this {launch.launcher} job has {size} ranks, {launch.local_size} on this node: "
+                         f"across nodes set SHMCOMM_LINK=mpi (shared memory inside each node, MPI "
+                         f"between them), or start one job per node")
 
 
 def job_arguments(rank: int | None, world_size: int | None, name: str | None,
                   timeout: float | None, name_arg: str = "name") -> tuple[int, int, str, float]:
     """Rank, world size, job name and timeout from the arguments, else from the environment
-    (RANK, WORLD_SIZE, SHMCOMM_JOB or TORCHELASTIC_RUN_ID + MASTER_PORT, SHMCOMM_TIMEOUT).
+    (RANK, WORLD_SIZE, SHMCOMM_JOB or TORCHELASTIC_RUN_ID + MASTER_PORT, SHMCOMM_TIMEOUT), else,
+    under mpirun or mpiexec, from what it set (``shmcomm.launcher.mpirun``: Open MPI's, MPICH's,
+    Intel MPI's and MVAPICH's rank, size and job).
 
     Example::
 
         rank, size, job, timeout = job_arguments(None, None, None, None)   # under shmrun
     """
-    rank = _env_int("RANK") if rank is None else _rank_arg(rank, "rank")
-    world_size = _env_int("WORLD_SIZE") if world_size is None else _rank_arg(world_size, "world_size")
-    job = _env_job() if name is None else name
+    launch = mpi_launch() if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ else None
+    rank = _env_int("RANK", launch, launch and launch.rank) if rank is None else _rank_arg(rank, "rank")
+    world_size = _env_int("WORLD_SIZE", launch, launch and launch.size) if world_size is None else \
+        _rank_arg(world_size, "world_size")
+    if launch is not None:
+        _one_node(launch, world_size)
+    job = _env_job(launch) if name is None else name
     if not isinstance(job, str) or not job:
         raise ValueError(f"{name_arg} must be a non-empty string, got {job!r}")
     if timeout is None:
@@ -119,7 +142,9 @@ def init_process_group(rank: int | None = None, world_size: int | None = None, n
 
     Every rank of the job calls it with the same job name and world size. Missing arguments
     come from the environment ``shmrun`` and ``torchrun`` set: ``RANK``, ``WORLD_SIZE``, and the
-    job name from ``SHMCOMM_JOB``, else ``TORCHELASTIC_RUN_ID`` + ``MASTER_PORT``. Launched on
+    job name from ``SHMCOMM_JOB``, else ``TORCHELASTIC_RUN_ID`` + ``MASTER_PORT``; under
+    ``mpirun``/``mpiexec`` on one node (Open MPI, MPICH, Intel MPI, MVAPICH), the rank, size and
+    job that launcher sets (no mpi4py needed). Launched on
     several nodes (``LOCAL_WORLD_SIZE`` != ``WORLD_SIZE``, as torchrun and ``shmrun --nnodes``
     set, with rank and world size from the environment), the group is hierarchical: shared
     memory inside each node, torch's gloo between nodes (``shmcomm.multinode``; needs the

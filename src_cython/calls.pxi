@@ -3,7 +3,8 @@
 # Every call owns its arguments (as mpi4py's per-call message objects do): an async op keeps its
 # _Call in its Work and in the group's in-flight list, so nothing a later call validates can reach
 # an op that is still queued or running. A synchronous call fills the group's one inline _Call,
-# which only the thread holding the engine touches.
+# which only the thread holding the engine touches. Below: the conversion of rank and size
+# arguments every entry point shares.
 from cpython.ref cimport PyObject, Py_DECREF, Py_INCREF
 from libc.stdlib cimport calloc, free
 
@@ -179,3 +180,36 @@ cdef extern from *:
     }
     """
     object _fetch_exception "__pyx_shm_fetch_exception"()
+
+
+# ---- ranks and sizes given as arguments ------------------------------------------------------
+from operator import index as _index
+
+
+cdef object _as_index(object value, str argname):
+    """``value`` as a Python int; TypeError naming ``argname`` for bools and non-integers."""
+    if type(value) is int:
+        return value
+    if not isinstance(value, bool):
+        try:
+            return _index(value)  # int subclasses, numpy integers
+        except TypeError:
+            pass
+    raise TypeError(f"{argname} must be an int rank, got {type(value).__name__}")
+
+
+cdef inline int _rank_arg(object value, str argname) except? -1:
+    if type(value) is int:  # the common case first: this is on every call's path
+        return value
+    return _as_index(value, argname)
+
+
+def rank_arg(value, str argname):
+    """``value`` as an int rank; TypeError naming ``argname`` for bools and non-integers.
+
+    Example::
+
+        >>> rank_arg(3, "dst")
+        3
+    """
+    return _as_index(value, argname)

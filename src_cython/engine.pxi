@@ -726,17 +726,6 @@ cdef class Communicator:
         return _go(self, call, None, [])
 
 
-cdef int _exec_entry(Communicator c, op_t *o) except -1 nogil:
-    return _exec(c, o)
-
-
-cdef int _exec_batch_entry(Communicator c, op_t **ops, int k) except -1 nogil:
-    """Run k calls of one kind and batch class together (the kind's row's run_batch); returns
-    how many are done."""
-    _begin(c, _kind_cname(ops[0].kind))
-    return _KIND_ROWS[ops[0].kind].run_batch(c, ops, k)
-
-
 cdef const char *_kind_cname(int kind) noexcept nogil:
     """The op's name as a C string, for error messages (static storage: no GIL needed)."""
     if 0 < kind < K_COUNT:

@@ -3,7 +3,6 @@
 #
 # Why in C: the same chain in Python (module function -> resolve -> method -> rank check -> _op)
 # cost 0.3-0.6 us per call, more than the whole 8-byte broadcast between two ranks (0.36 us).
-from operator import index as _index
 
 cdef object _ReduceOp = ReduceOp  # kernels.pxi
 cdef object _op_code = op_code
@@ -15,35 +14,6 @@ cdef inline int _op_arg(object op) except? -1:
     if type(op) is _ReduceOp:  # the common case; anything else (names, ints, torch's) by op_code
         return op
     return _op_code(op)
-
-
-cdef object _as_index(object value, str argname):
-    """``value`` as a Python int; TypeError naming ``argname`` for bools and non-integers."""
-    if type(value) is int:
-        return value
-    if not isinstance(value, bool):
-        try:
-            return _index(value)  # int subclasses, numpy integers
-        except TypeError:
-            pass
-    raise TypeError(f"{argname} must be an int rank, got {type(value).__name__}")
-
-
-cdef inline int _rank_arg(object value, str argname) except? -1:
-    if type(value) is int:  # the common case first: this is on every call's path
-        return value
-    return _as_index(value, argname)
-
-
-def rank_arg(value, str argname):
-    """``value`` as an int rank; TypeError naming ``argname`` for bools and non-integers.
-
-    Example::
-
-        >>> rank_arg(3, "dst")
-        3
-    """
-    return _as_index(value, argname)
 
 
 cpdef object rows_to_elements(object array, object splits, str argname):

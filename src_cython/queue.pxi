@@ -19,6 +19,23 @@ cdef int _exec(Communicator self, op_t *o) except -1 nogil:
     return _KIND_ROWS[k].run(self, o)
 
 
+cdef int _exec_entry(Communicator c, op_t *o) except -1 nogil:
+    return _exec(c, o)
+
+
+cdef int _exec_batch_entry(Communicator c, op_t **ops, int k) except -1 nogil:
+    """Run k calls of one kind and batch class together (the kind's row's run_batch); returns
+    how many are done."""
+    _begin(c, _kind_cname(ops[0].kind))
+    return _KIND_ROWS[ops[0].kind].run_batch(c, ops, k)
+
+
+cdef inline size_t _batch_bytes(op_t *o, int j) noexcept nogil:
+    """Slot bytes call j of a batch takes: its data rounded to a cache line, after a descriptor
+    for j > 0 (the first call's descriptor is the control block's, and its data starts the slot,
+    so a batch of one touches the same lines as a plain one-shot)."""
+    return (BATCH_HEADER if j else 0) + _align_up(o.nbytes, 64)
+
 
 cdef void _run_queued(Communicator self, op_t *o, bint background) noexcept nogil:
     """Run the queued op ``o`` (claimed from the engine) and, when it is a small reduction,

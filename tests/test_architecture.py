@@ -4,7 +4,12 @@
   directly, never back through a package ``__init__`` that imports them;
 * no module of ``shmcomm/`` or ``src_cython/`` holds more than ``MAX_CODE_LINES`` lines of code
   (blank lines, comments and docstrings not counted): a file that every change touches is too
-  big, split it by concept.
+  big, split it by concept;
+* ``_core.pyx`` includes its files in dependency order: no free function calls a function of a
+  file included after its own (a ``cdef class`` body may: Cython cannot split one across files,
+  so ``Communicator``'s entry points reach forward into the families they start);
+* no text names a file of the project that does not exist (a path under ``shmcomm/``,
+  ``src_cython/``, ``tests/``, ``bench/``, ``docs/``, ``examples/`` or ``.ci/``, or a ``.pxi``).
 
 What is known and being fixed elsewhere is listed below with its reason; the lists only shrink.
 
@@ -265,6 +270,75 @@ def test_cycle_allow_list_is_still_needed():
     stale = [edge for edge in CYCLE_ALLOWED if edge not in needed]
     if stale:
         warnings.warn(f"no longer in a cycle, remove from CYCLE_ALLOWED: {stale}", stacklevel=1)
+
+
+# ---- include order of the compiled module ----------------------------------------------------
+def _code_only(text: str) -> list[str]:
+    """``text``'s lines without docstrings, string literals and comments (a name in a message is
+    not a call)."""
+    text = re.sub(r'"""(.*?)"""', lambda m: "\n" * m.group().count("\n"), text, flags=re.S)
+    text = re.sub(r'f?"(?:[^"\\\n]|\\.)*"', '""', text)
+    return [line.split("#", 1)[0] for line in text.splitlines()]
+
+
+def forward_calls() -> dict[tuple[str, str], list[str]]:
+    """(file, later file it calls into) -> the functions called, for the free functions and
+    module-level statements of every file ``_core.pyx`` includes."""
+    order = re.findall(r'^include "([^"]+)"', (CYTHON / "_core.pyx").read_text(), re.M)
+    defined: dict[str, int] = {}
+    for i, name in enumerate(order):
+        for line in _code_only((CYTHON / name).read_text()):
+            m = re.match(r"(?:cdef|cpdef|def)\b(?!\s+extern)[^(=]*?(\w+)\s*\(", line) or \
+                re.match(r"cdef class (\w+)", line)
+            if m:
+                defined.setdefault(m.group(1), i)
+    found: dict[tuple[str, str], set[str]] = {}
+    for i, name in enumerate(order):
+        in_class = False
+        for line in _code_only((CYTHON / name).read_text()):
+            if re.match(r"\S", line):
+                in_class = bool(re.match(r"(?:cdef )?class ", line))
+            if in_class or re.match(r"\s*(?:cdef|cpdef|def)\s", line):
+                continue
+            for m in re.finditer(r"(?<![\w.])(\w+)\s*\(", line):
+                later = defined.get(m.group(1), -1)
+                if later > i:
+                    found.setdefault((name, order[later]), set()).add(m.group(1))
+    return {k: sorted(v) for k, v in sorted(found.items())}
+
+
+def test_includes_come_in_dependency_order():
+    found = forward_calls()
+    assert not found, ("free functions calling into files _core.pyx includes after their own "
+                       f"(move the callee's file up, or the shared helper into an earlier file): {found}")
+
+
+# ---- files the text names --------------------------------------------------------------------
+_FILE_REF = re.compile(r"(?<![\w/.$*{<-])((?:shmcomm|src_cython|tests|bench|docs|examples|\.ci)/"
+                       r"(?:[\w.-]+/)*[\w-]+\.(?:py|pyx|pxi|pxd|pyi|h|c|cpp|sh|rst|md|txt|json|toml)"
+                       r"|[\w-]+\.(?:pxi|pyx|pxd))(?![\w/*{])")
+
+
+def dead_file_references() -> dict[str, list[str]]:
+    """Names of project files, in the project's text, that exist nowhere: file -> names."""
+    found: dict[str, list[str]] = {}
+    roots = ["shmcomm", "src_cython", "tests", "bench", "docs", "examples", ".ci"]
+    texts = [p for r in roots for p in (ROOT / r).rglob("*") if p.is_file()
+             and (p.suffix in (".py", ".pyx", ".pxi", ".pxd", ".pyi", ".h", ".c", ".rst", ".md", ".sh", ".txt")
+                  or p.parent.name == ".ci")
+             and "__pycache__" not in p.parts and "_build" not in p.parts
+             and p.relative_to(ROOT).as_posix() not in GENERATED]
+    for path in texts + [ROOT / "README.md"]:
+        for m in _FILE_REF.finditer(path.read_text(encoding="utf-8", errors="replace")):
+            ref = m.group(1)
+            if not any((base / ref).exists() for base in (ROOT, CYTHON, CYTHON / "coll", path.parent)):
+                found.setdefault(path.relative_to(ROOT).as_posix(), []).append(ref)
+    return found
+
+
+def test_no_text_names_a_file_the_project_does_not_have():
+    found = dead_file_references()
+    assert not found, f"files named but not in the project (moved or renamed?): {found}"
 
 
 if __name__ == "__main__":

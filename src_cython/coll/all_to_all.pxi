@@ -24,7 +24,7 @@ cdef int _set_splits(Communicator c, object splits, buf_t *b, str argname, char 
             table[q] = b.ptr + q * per * b.itemsize
             sizes[q] = per * b.itemsize
         return 0
-    splits = [rank_arg(x, f"{argname}[i]") for x in splits]
+    splits = [_as_index(x, f"{argname}[i]") for x in splits]
     if len(splits) != n or any(x < 0 for x in splits):
         raise ValueError(f"{argname} must be {n} non-negative sizes, got {splits}")
     if sum(splits) != <long long>b.count:
@@ -73,12 +73,6 @@ cdef int _run_all_to_all(Communicator c, op_t *o) except -1 nogil:
     if o.overlap:
         _stage_inputs(c, o.ins, o.outs, o.in_bytes)
     return _all_to_all(c, o)
-
-
-cdef inline bint _peers_read(Communicator c, int q, char **ins, char **outs) noexcept nogil:
-    """Whether input piece q is read by a peer during all_to_all: all are but this rank's own
-    piece when it stays exactly in place (it goes nowhere)."""
-    return q != c.rank or ins[q] != outs[q]
 
 
 cdef int _stage_inputs(Communicator c, char **ins, char **outs, size_t *in_bytes) except -1 nogil:
@@ -176,13 +170,6 @@ cdef int _all_to_all(Communicator c, op_t *o) except -1 nogil:
                        out_bytes[q])
         off += cap
     return 0
-
-
-cdef str _size_mismatch(op_t *o, int a, int b, uint64_t sent, uint64_t expected):
-    unit = max(o.itemsize, 1)
-    dt = DTYPE_NAMES[o.dtype]
-    return (f"{_KIND_ROWS[o.kind].name.decode()}: rank {a} sends {sent // unit} {dt} elements to rank {b}, "
-            f"which expects {expected // unit}")
 
 
 cdef bint _all_to_all_single_copy(Communicator c, char **outs, char **ins, size_t *in_bytes,

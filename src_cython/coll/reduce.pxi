@@ -143,21 +143,6 @@ cdef int _reduce_to_slot(Communicator c, char *dst, size_t count, int itemsize, 
     return 0
 
 
-cdef inline size_t _batch_bytes(op_t *o, int j) noexcept nogil:
-    """Slot bytes call j of a batch takes: its data rounded to a cache line, after a descriptor
-    for j > 0 (the first call's descriptor is the control block's, and its data starts the slot,
-    so a batch of one touches the same lines as a plain one-shot)."""
-    return (BATCH_HEADER if j else 0) + _align_up(o.nbytes, 64)
-
-
-cdef int _run_reduce_batch(Communicator c, op_t **ops, int k) except -1 nogil:
-    """Run k small (or k medium) reductions together; returns how many are done."""
-    cdef uint64_t timer = _tune_timer(c, ops[0].nbytes)
-    cdef int m = _reduce_batch(c, ops, k) if _batch_class(c, ops[0]) == 1 else _reduce_batch_medium(c, ops, k)
-    _tune_timed(c, &c.stores, ops[0].nbytes, timer)
-    return m
-
-
 cdef inline bint _medium_size(Communicator c, size_t nbytes) noexcept nogil:
     """Reductions between the one-shot and the single-copy sizes that fit one slot: reduce-scatter
     plus all-gather in two steps, several calls at once."""
@@ -172,6 +157,14 @@ cdef int _batch_class(Communicator c, op_t *o) noexcept nogil:
     if c._one_shot_size(o.nbytes):
         return 1
     return 2 if _medium_size(c, o.nbytes) else 0
+
+
+cdef int _run_reduce_batch(Communicator c, op_t **ops, int k) except -1 nogil:
+    """Run k small (or k medium) reductions together; returns how many are done."""
+    cdef uint64_t timer = _tune_timer(c, ops[0].nbytes)
+    cdef int m = _reduce_batch(c, ops, k) if _batch_class(c, ops[0]) == 1 else _reduce_batch_medium(c, ops, k)
+    _tune_timed(c, &c.stores, ops[0].nbytes, timer)
+    return m
 
 
 cdef int _agreed_calls(Communicator c, op_t **ops, int k, uint32_t s, size_t *data_off) except -1 nogil:

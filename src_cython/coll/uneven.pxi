@@ -118,34 +118,6 @@ cdef int _set_counts(Communicator c, object counts, object displs, buf_t *b, str
     return 0
 
 
-cdef bint _spans_overlap(char *a, size_t na, char *b, size_t nb) noexcept:
-    return na != 0 and nb != 0 and a < b + nb and b < a + na
-
-
-cdef list _fill_list(Communicator c, list arrays, int dtype, str argname, bint writable,
-                     char **table, size_t *sizes):
-    """Point table[q] at arrays[q] (all of ``dtype``) and record its byte size; returns owners."""
-    cdef buf_t b
-    cdef int q
-    if len(arrays) != c.size:
-        raise ValueError(f"{argname} must hold world_size={c.size} arrays, got {len(arrays)}")
-    owners = []
-    for q in range(c.size):
-        owners.append(as_buf(arrays[q], &b, writable, f"{argname}[{q}]"))
-        if b.dtype != dtype:
-            raise ValueError(f"{argname}[{q}] is {DTYPE_NAMES[b.dtype]}; expected {DTYPE_NAMES[dtype]}")
-        table[q], sizes[q] = b.ptr, b.nbytes
-    return owners
-
-
-cdef bint _all_equal(size_t *sizes, int n) noexcept:
-    cdef int q
-    for q in range(1, n):
-        if sizes[q] != sizes[0]:
-            return False
-    return True
-
-
 cdef int _check_own(buf_t *mine, size_t theirs, str what) except -1:
     """This rank's own piece of a list/counts must match its array (as torch and MPI require)."""
     if theirs != mine.nbytes:
@@ -157,17 +129,6 @@ cdef int _check_own(buf_t *mine, size_t theirs, str what) except -1:
 cdef void _set_uneven(op_t *o, int kind, buf_t *b, int root) noexcept:
     o.kind, o.dtype, o.itemsize, o.root, o.uniform = kind, b.dtype, b.itemsize, root, False
     o.nbytes = b.nbytes  # this rank's share: what decides an eager start of an async op
-
-
-cdef bint _any_overlap(Communicator c, op_t *o) noexcept:
-    """Whether some output piece overlaps an input piece a peer reads (then inputs are staged)."""
-    cdef int p, q
-    for p in range(c.size):
-        for q in range(c.size):
-            if _spans_overlap(o.outs[p], o.out_bytes[p], o.ins[q], o.in_bytes[q]) and \
-                    _peers_read(c, q, o.ins, o.outs):
-                return True
-    return False
 
 
 cdef void _send_everywhere(Communicator c, op_t *o, buf_t *b) noexcept:
