@@ -569,10 +569,11 @@ cdef class Communicator:
         except BaseException:
             _abandon(self, call)
             raise
-        level = _route(self, &call.o)
-        if level is not None:
-            _abandon(self, call)
-            return level.all_reduce(array, op, async_op, factor)
+        if self.routes is not None:  # a composition may serve it (registry.pxi)
+            level = _first_route(self, &call.o)
+            if level is not None:
+                _abandon(self, call)
+                return level.all_reduce(array, op, async_op, factor)
         return _go(self, call, owners, array, True)
 
     cpdef reduce(self, array, int dst, int op=SHM_SUM, bint async_op=False, double factor=1.0):
@@ -610,10 +611,11 @@ cdef class Communicator:
         except BaseException:
             _abandon(self, call)
             raise
-        level = _route(self, &call.o)
-        if level is not None:
-            _abandon(self, call)
-            return level.all_gather_into(output, array, async_op)
+        if self.routes is not None:  # a composition may serve it (registry.pxi)
+            level = _first_route(self, &call.o)
+            if level is not None:
+                _abandon(self, call)
+                return level.all_gather_into(output, array, async_op)
         return _go(self, call, owners, output, True)
 
     cpdef gather(self, array, gather_list, int dst, bint async_op=False):
@@ -657,10 +659,11 @@ cdef class Communicator:
         except BaseException:
             _abandon(self, call)
             raise
-        level = _route(self, &call.o)
-        if level is not None:
-            _abandon(self, call)
-            return level.reduce_scatter_into(output, input, op, async_op, factor)
+        if self.routes is not None:  # a composition may serve it (registry.pxi)
+            level = _first_route(self, &call.o)
+            if level is not None:
+                _abandon(self, call)
+                return level.reduce_scatter_into(output, input, op, async_op, factor)
         return _go(self, call, owners, output, True)
 
     cpdef all_to_all(self, list output_list, list input_list, bint async_op=False):

@@ -1,0 +1,65 @@
+"""Frameworks that take the backend through torch's API, run as their users run them: Hugging
+Face accelerate and PyTorch Lightning, one DDP step each on 2 ranks, checked on every rank
+against the same step on one process over the whole batch (tests/framework_scripts/), started
+by shmrun, by torchrun and by the framework's own launcher. Skipped, saying why, where the
+framework is not installed (.ci/run installs both)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parent / "framework_scripts"
+pytest.importorskip("torch", reason="the frameworks run on torch")
+
+
+def _needs(module: str) -> None:
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed (pip install {module}; .ci/run installs it)")
+
+
+def _launch(how: str, script: str) -> list[str]:
+    path = str(SCRIPTS / script)
+    port = str(20000 + uuid.uuid4().int % 20000)
+    return {
+        "shmrun": [sys.executable, "-m", "shmcomm.launch", "-n", "2", path],
+        "torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                     "--master-port", port, path],
+        # accelerate's own launcher: --multi_gpu starts its torchrun on a CPU-only machine too
+        "accelerate launch": [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
+                              "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+                              "--dynamo_backend", "no", "--main_process_port", port, path],
+        # Lightning's own: the script starts the other rank itself
+        "lightning": [sys.executable, path],
+    }[how]
+
+
+def _run(how: str, script: str, expected: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SHMCOMM_", "RANK", "WORLD_SIZE",
+                                                                     "LOCAL_", "MASTER_"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    done = subprocess.run(_launch(how, script), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=170, cwd=SCRIPTS)
+    assert done.returncode == 0, done.stdout[-4000:]
+    for rank in range(2):
+        assert f"{expected} ok rank {rank} of 2 on shmcomm" in done.stdout, done.stdout[-4000:]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("how", ["shmrun", "torchrun", "accelerate launch"])
+def test_accelerate(how):
+    _needs("accelerate")
+    _run(how, "accelerate_ddp.py", "accelerate")
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("how", ["lightning", "shmrun", "torchrun"])
+def test_lightning(how):
+    _needs("lightning")
+    _run(how, "lightning_ddp.py", "lightning")
