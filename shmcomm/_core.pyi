@@ -90,6 +90,7 @@ class Communicator:
     def _fix_tuning(self, stores: int | None = None, paths: int | None = None) -> None: ...  # benchmarks
     closed: bool
     owner_pid: int
+    calls_begun: int  # collectives this rank began on this group (named in mismatch messages)
     fused_calls: int
     background_calls: int  # queued ops the group's progress thread ran (the rest ran on callers)
     zero_copy_calls: int

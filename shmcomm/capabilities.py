@@ -51,10 +51,10 @@ def torch_backend() -> str:
 
 def _mpi_name() -> str:
     """The MPI of the ``mpirun`` shmcomm-bench would start, by its own words."""
-    from shmcomm.bench.runner import _mpirun
+    from shmcomm.bench.peers import mpirun
 
     try:
-        out = subprocess.run([_mpirun(), "--version"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run([mpirun(), "--version"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return "an mpirun"
     first = (out.stdout or out.stderr).strip().splitlines()[:1]

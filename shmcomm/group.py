@@ -346,7 +346,20 @@ class ProcessGroup(_core.GroupCore):
         if self.rank not in members:
             return None
         comm = self._comm.derive(f"g{index}", members, timeout)
-        return ProcessGroup(comm, members, f"{comm.job}.g{index}")
+        return ProcessGroup(comm, [self._global_ranks[m] for m in members], f"{comm.job}.g{index}")
+
+    def split(self, color: int | None, key: int = 0, timeout: float | None = None) -> ProcessGroup | None:
+        """Split this group by ``color``, as MPI's ``Comm.Split``: ``shmcomm.split(color, key,
+        timeout, group=self)`` (collective over this group).
+
+        Example::
+
+            row = pg.split(color=pg.rank // 2, key=pg.rank)     # ranks 0-1, 2-3, ...
+            one = row.split(color=row.rank)                      # and again, on the row
+        """
+        from shmcomm.world import split
+
+        return split(color, key, timeout, group=self)
 
     # ---- teardown -----------------------------------------------------------------------------
     def destroy(self) -> None:

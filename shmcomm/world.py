@@ -308,17 +308,20 @@ def new_group(ranks: Sequence[int] | None = None, timeout: float | None = None) 
     return _subgroup(parent, members, timeout, f"ranks must be distinct and non-empty, got {ranks}")
 
 
-def split(color: int | None, key: int = 0, timeout: float | None = None) -> ProcessGroup | None:
-    """Split the default group by ``color``, as MPI's ``Comm_split`` (collective).
+def split(color: int | None, key: int = 0, timeout: float | None = None,
+          group: ProcessGroup | None = None) -> ProcessGroup | None:
+    """Split ``group`` (the default group) by ``color``, as MPI's ``Comm_split`` (collective).
 
-    Every rank of the default group calls it. Ranks that pass the same ``color`` form one new
-    group, ordered by ``key``, then by their rank in the default group.
+    Every rank of ``group`` calls it. Ranks that pass the same ``color`` form one new group,
+    ordered by ``key``, then by their rank in ``group``. ``group.split(color, key)`` is the same
+    call; splitting a group made by a split works as ``Comm_split`` of a split communicator.
 
     Args:
         color (int | None): the new group's label, >= 0; None (MPI's ``UNDEFINED``): join none.
         key (int): this rank's sort key in its new group; default 0.
         timeout (float | None): the new groups' timeout in seconds; None (the default): the
             default group's.
+        group (ProcessGroup | None): the group to split; None (the default): the default group.
 
     Returns:
         ProcessGroup | None: this rank's new group; None for ``color=None``.
@@ -327,14 +330,15 @@ def split(color: int | None, key: int = 0, timeout: float | None = None) -> Proc
         ValueError: shmcomm is not initialized; ``color`` is not an int >= 0 or None.
         TypeError: ``key`` is not an int.
         CommTimeoutError: not every rank arrived within the timeout.
-        PeerFailureError: a rank of the default group died or left it.
+        PeerFailureError: a rank of the group died or left it.
 
     Example::
 
         row = sc.split(color=sc.get_rank() // 2, key=sc.get_rank())   # ranks 0-1, 2-3, ...
         sc.all_reduce(x, group=row)
+        pair = row.split(color=0)                                      # a split of the split
     """
-    parent = default_group()
+    parent = resolve(group)
     if color is not None and (isinstance(color, bool) or not isinstance(color, int) or color < 0):
         raise ValueError(f"color must be an integer >= 0 or None, got {color!r}")
     if isinstance(key, bool) or not isinstance(key, int):
@@ -398,7 +402,7 @@ def _subgroup(parent: ProcessGroup, members: list[int], timeout: float | None,
         raise ValueError(empty_message or f"members must be distinct and non-empty, got {members}")
     bad = [r for r in members if not 0 <= r < parent.size]
     if bad:
-        raise ValueError(f"ranks {bad} are outside the default group of size {parent.size}")
+        raise ValueError(f"ranks {bad} are outside the group of size {parent.size}")
     with _lock:
         parent._subgroups += 1
         index = parent._subgroups

@@ -152,6 +152,7 @@ cdef class Communicator:
     cdef readonly int owner_pid   # a forked child must not leave its parent's group
     cdef object creds             # shmcomm.trust.Credentials: proves segments are this job's
     cdef uint64_t doze_ns
+    cdef readonly unsigned long long calls_begun  # collectives this rank began on this group (mismatch text)
     cdef readonly unsigned long long fused_calls  # small reductions that ran in a step with others
     cdef readonly unsigned long long background_calls  # queued ops the progress thread ran
     cdef readonly unsigned long long zero_copy_calls  # calls that read or wrote peers' sc.empty arrays in place

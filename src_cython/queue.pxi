@@ -19,6 +19,15 @@ cdef int _exec(Communicator self, op_t *o) except -1 nogil:
     return _KIND_ROWS[k].run(self, o)
 
 
+cdef object _trimmed(object error, op_t *o):
+    """``error`` as the engine raised it, less the engine's own frames (the dispatch, the
+    algorithm's steps, the waits): the user's line and the message say what happened. Errors of
+    Python operations (K_PYTHON: callbacks, compositions) keep theirs, which are the user's."""
+    if o.kind != K_PYTHON and isinstance(error, ShmcommError):
+        return error.with_traceback(None)
+    return error
+
+
 cdef int _exec_entry(Communicator c, op_t *o) except -1 nogil:
     return _exec(c, o)
 
@@ -27,7 +36,10 @@ cdef int _exec_batch_entry(Communicator c, op_t **ops, int k) except -1 nogil:
     """Run k calls of one kind and batch class together (the kind's row's run_batch); returns
     how many are done."""
     _begin(c, _kind_cname(ops[0].kind))
-    return _KIND_ROWS[ops[0].kind].run_batch(c, ops, k)
+    cdef int done = _KIND_ROWS[ops[0].kind].run_batch(c, ops, k)
+    if done > 1:
+        c.calls_begun += done - 1  # _begin counted the batch's first call
+    return done
 
 
 cdef inline size_t _batch_bytes(op_t *o, int j) noexcept nogil:
@@ -66,7 +78,7 @@ cdef void _run_queued(Communicator self, op_t *o, bint background) noexcept nogi
         self.background_calls += 1
     if rc < 0:
         with gil:
-            error = (<_Call>o.call).error = _fetch_exception()
+            error = (<_Call>o.call).error = _trimmed(_fetch_exception(), o)
             interrupted = isinstance(error, KeyboardInterrupt)
         if self.published:
             _withdraw(self, interrupted)
@@ -222,7 +234,7 @@ cdef object _go(Communicator self, _Call call, object owners, object outputs, bi
                 capi.shm_engine_release(&self.engine, call.claim, 0)
         if rc < 0:
             # taken before the withdrawal, which may run Python (a message) that would lose it
-            error = _fetch_exception()
+            error = _trimmed(_fetch_exception(), o)
             interrupted = isinstance(error, KeyboardInterrupt)
             with nogil:
                 if self.published:

@@ -196,6 +196,7 @@ cdef int _begin(Communicator self, const char *op_name) except -1 nogil:
         with gil:
             raise _unusable(self, op_name.decode())
     self.op_name = op_name
+    self.calls_begun += 1
     self.deadline_ns = capi.shm_deadline_after(self.timeout)
     self.published = False
     return 0
@@ -248,7 +249,9 @@ cdef int _check_desc(Communicator self) except -1 nogil:
 
 cdef str _mismatch_text(Communicator self):
     lines = [f"rank {q}: {describe_call(self.cb(q).desc[self.step & 1])}" for q in range(self.size)]
-    return "ranks called different collectives or arguments:\n  " + "\n  ".join(lines)
+    return (f"ranks called different collectives or arguments, at collective {self.calls_begun} of "
+            f"this rank on this group (each rank counts its own: one whose count differs in its "
+            f"message skipped or added a call before this one):\n  " + "\n  ".join(lines))
 
 
 

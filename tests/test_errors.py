@@ -44,6 +44,41 @@ def test_mismatched_collectives_raise_on_every_rank(world):
     assert "all_reduce(dtype=float32, nbytes=16" in messages[0][0]
     assert "barrier" in messages[1][4] and "all_reduce" in messages[1][4]
     assert all(isinstance(m, str) for ms in messages for m in ms)
+    # each message names which collective of the group it was, counted by the rank itself: the
+    # refused calls are consecutive calls, the same on every rank (none skipped one)
+    import re
+
+    counts = [[int(re.search(r"at collective (\d+) of this rank on this group", m).group(1)) for m in ms]
+              for ms in messages]
+    first = counts[0][0]
+    assert counts == [list(range(first, first + len(counts[0])))] * world, counts
+
+
+def _mismatch_frames(rank, size):
+    import traceback
+
+    frames = {}
+    for how in ("inline", "queued"):
+        x = np.ones(4 if rank == 0 else 5, np.float32)
+        with pytest.raises(sc.CollectiveMismatchError) as info:
+            if how == "inline":
+                sc.all_reduce(x)
+            else:
+                sc.all_reduce(x, async_op=True).wait()
+        frames[how] = [f.filename for f in traceback.extract_tb(info.value.__traceback__)]
+    return frames
+
+
+@pytest.mark.timeout(60)
+def test_errors_from_the_engine_carry_no_engine_frames():
+    """#46 item 6: a mismatch raised ~10 frames of compiled internals (dispatch, the algorithm's
+    steps, the waits) above the message; now only the public call's own layers remain."""
+    for frames in run_ranks(_mismatch_frames, 2):
+        for how, files in frames.items():
+            compiled = [f for f in files if f.startswith("src_cython/")]
+            assert len(compiled) <= 4, (how, files)
+            assert not any(f.startswith(("src_cython/coll/", "src_cython/waits")) for f in compiled), (how, files)
+            assert files[0].endswith("test_errors.py"), (how, files)
 
 
 def _bad_arguments(rank, size):

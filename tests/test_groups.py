@@ -79,6 +79,38 @@ def test_split_by_color_and_new_subgroups(world):
     assert all(run_ranks(_split, world))
 
 
+def _split_of_a_split(rank, size):
+    """#46: Comm.Split on any group: a split of a split, by the method and by group=."""
+    row = sc.split(rank // 2, key=rank)                 # rows [0, 1], [2, 3]
+    row_members = [r for r in range(size) if r // 2 == rank // 2]
+    # the row again, its order reversed (key = -rank in the row), through the method
+    back = row.split(0, key=-row.rank)
+    assert back.ranks == row_members[::-1] and back.rank == row_members[::-1].index(rank), back.ranks
+    x = np.array([float(rank + 1)])
+    sc.all_reduce(x, group=back)
+    assert x[0] == float(sum(r + 1 for r in row_members)), x
+    # the row's first rank joins nothing; the others form a group of their own
+    alone = sc.split(None if row.rank == 0 else 0, group=row)
+    if row.rank == 0:
+        assert alone is None
+    else:
+        assert alone.ranks == row_members[1:] and alone.size == len(row_members) - 1, alone.ranks
+        y = np.array([7.0])
+        sc.broadcast(y, src=0, group=alone)
+        assert y[0] == 7.0
+    with pytest.raises(ValueError, match="color must be an integer >= 0 or None"):
+        row.split(-2)
+    sc.barrier()
+    return back.ranks
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world", [3, 4])
+def test_split_of_a_split(world):
+    got = run_ranks(_split_of_a_split, world)
+    assert got[0] == [1, 0] and got[-1] == ([3, 2] if world == 4 else [2]), got
+
+
 def _from_environment(rank, size, job):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), SHMCOMM_JOB=job)
     pg = sc.init_process_group()

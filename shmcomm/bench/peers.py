@@ -16,6 +16,7 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
+import shutil
 import sys
 from dataclasses import dataclass
 
@@ -129,3 +130,14 @@ def deepspeed_half_missing() -> str | None:
 def deepspeed_leftovers() -> set[str]:
     """The files DeepSpeed's op leaves in /dev/shm (its buffers are never removed)."""
     return set(glob.glob("/dev/shm/deepspeed_*"))
+
+
+def mpirun() -> str | None:
+    """The ``mpirun`` the ``mpi`` backend starts: ``$SHMCOMM_BENCH_MPIRUN``, else the first
+    ``mpirun`` or ``mpiexec`` on PATH; None without one.
+
+    Example::
+
+        mpirun()   # '/usr/bin/mpirun' where Open MPI is installed
+    """
+    return os.environ.get("SHMCOMM_BENCH_MPIRUN") or shutil.which("mpirun") or shutil.which("mpiexec")

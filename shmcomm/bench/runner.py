@@ -9,7 +9,6 @@ import importlib.util
 import json
 import os
 import selectors
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -20,16 +19,12 @@ from dataclasses import dataclass, field
 from shmcomm.cpus import usable_cores
 from shmcomm.launcher.environment import free_port, threads_per_rank
 
-from .peers import deepspeed_leftovers, deepspeed_missing, intel_mpi
+from .peers import deepspeed_leftovers, deepspeed_missing, intel_mpi, mpirun
 from .cases import Case, peer_skip, steps
 from .common import _MARK, MPI_BACKENDS
 from .turns import Gates
 
 _TAIL_LINES = 15
-
-
-def _mpirun() -> str | None:
-    return os.environ.get("SHMCOMM_BENCH_MPIRUN") or shutil.which("mpirun") or shutil.which("mpiexec")
 
 
 def backend_available(name: str) -> tuple[bool, str]:
@@ -51,7 +46,7 @@ def backend_available(name: str) -> tuple[bool, str]:
     if name == "mpi":
         if importlib.util.find_spec("mpi4py") is None:
             return False, "mpi4py is not installed"
-        if _mpirun() is None:
+        if mpirun() is None:
             return False, "no mpirun or mpiexec on PATH"
         return True, ""
     if name == "impi":
@@ -126,7 +121,7 @@ def _launch(backend: str, nranks: int, cfg: dict, logdir: str, mpi_args: list[st
     cmd = _worker_cmd(backend, cfg, logdir)
     procs, logs = [], []
     if backend == "mpi":
-        launcher = [_mpirun(), "-n", str(nranks)]
+        launcher = [mpirun(), "-n", str(nranks)]
         if _is_open_mpi(launcher[0]):  # these flags are Open MPI's; MPICH's hydra allows both anyway
             if nranks > len(usable_cores()):
                 launcher.append("--oversubscribe")

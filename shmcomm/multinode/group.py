@@ -60,11 +60,11 @@ class HierarchicalGroup(EngineGroup):
         if len({self.topology.node_of[g] for g in members}) == 1:  # a part of this node's job
             local = [self.topology.local_of[g] for g in members]
             comm = self.node._comm.derive(f"g{index}", local, timeout)
-            return ProcessGroup(comm, members, f"{comm.job}.g{index}")
+            return ProcessGroup(comm, [self._global_ranks[g] for g in members], f"{comm.job}.g{index}")
         sub = build(self._meeting.among(f"g{index}", members), timeout, f"{self._label}.g{index}",
                     self._secret_fn)
         assert sub is not None, "members on several nodes"
-        sub._global_ranks = list(members)
+        sub._global_ranks = [self._global_ranks[g] for g in members]
         return sub
 
     def empty(self, shape, dtype=float):

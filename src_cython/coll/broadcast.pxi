@@ -20,7 +20,7 @@ cdef int _run_broadcast(Communicator c, op_t *o) except -1 nogil:
     cdef size_t off = 0, ch, split, nbytes = o.nbytes
     cdef int q, root = o.root
     cdef char *ptr = o.ptr
-    cdef bint first = True
+    cdef bint first = True, stream
     if c.size == 1:
         return 0
     _set_desc(c, K_BROADCAST, o.dtype, nbytes, root, 0)
@@ -36,11 +36,12 @@ cdef int _run_broadcast(Communicator c, op_t *o) except -1 nogil:
                         _cma(c, q, ptr + split, c._peer_entry(q, 0) + split, nbytes - split, True)
             _step(c)
             return 0
+    stream = _slot_streaming(c, nbytes)  # one choice for the whole call
     while first or off < nbytes:
         ch = min(c.slot_bytes, nbytes - off)
         s = c.next_step()
         if c.rank == root:
-            _slot_copy(c.slot(root, s), ptr + off, ch, _slot_streaming(c, nbytes))
+            _slot_copy(c.slot(root, s), ptr + off, ch, stream)
         _step(c)
         if first:
             _check_desc(c)

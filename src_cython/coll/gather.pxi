@@ -72,7 +72,7 @@ cdef int _run_gather(Communicator c, op_t *o) except -1 nogil:
     cdef int i, q, n = c.size, root = o.root
     cdef char **outs = o.outs
     cdef char *inp = o.ptr
-    cdef bint first = True, wants = root < 0 or root == c.rank, cma
+    cdef bint first = True, wants = root < 0 or root == c.rank, cma, stream
     _set_desc(c, o.kind, o.dtype, nbytes, <uint64_t>root, 0)
     if c._single_copy_size(nbytes) and root >= 0:
         first = False
@@ -101,10 +101,11 @@ cdef int _run_gather(Communicator c, op_t *o) except -1 nogil:
             c._out(outs[c.rank], inp, nbytes, nbytes)
             _step(c)
             return 0
+    stream = _slot_streaming(c, nbytes)  # one choice for the whole call
     while first or off < nbytes:
         ch = min(c.slot_bytes, nbytes - off)
         s = c.next_step()
-        _slot_copy(c.slot(c.rank, s), inp + off, ch, _slot_streaming(c, nbytes))
+        _slot_copy(c.slot(c.rank, s), inp + off, ch, stream)
         _step(c)
         if first:
             _check_desc(c)
