@@ -53,6 +53,29 @@ def register() -> None:
     if BACKEND_NAME in dist.Backend.backend_list and BACKEND_NAME.upper() in dist.Backend._plugins:
         return
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
+    _register_rendezvous()
+
+
+def _register_rendezvous() -> None:
+    """``init_method="shmcomm://"``: ranks meet on this machine without an address or a port
+    (``shmcomm.torch_rendezvous``), as under mpirun, where torch's ``env://`` finds no RANK."""
+    from torch.distributed.rendezvous import register_rendezvous_handler
+
+    try:
+        register_rendezvous_handler(BACKEND_NAME, _rendezvous)
+    except RuntimeError:
+        pass  # registered already (by an older copy of this function): keep it
+    except Exception as exc:  # noqa: BLE001 - a torch without the hook: the backend still works
+        import warnings
+
+        warnings.warn(f"shmcomm: init_method='shmcomm://' not available: {exc}", RuntimeWarning, stacklevel=2)
+
+
+def _rendezvous(url: str, **kwargs):
+    """The ``shmcomm://`` handler torch calls: ``shmcomm.torch_rendezvous`` does the work."""
+    from shmcomm.torch_rendezvous import rendezvous
+
+    return rendezvous(url, **kwargs)
 
 
 # The oldest torch the backend was tested with (bench/torch_versions.py). torch 2.6 and older

