@@ -119,3 +119,17 @@ def test_under_intel_mpi():
         pytest.skip(impi.reason)
     env = dict(_env_without_secret(), I_MPI_FABRICS="shm")
     _check([_run([impi.mpiexec, "-n", str(WORLD), sys.executable, FEATURES], env, timeout=120)], None)
+
+
+@pytest.mark.timeout(150)
+def test_under_mpich():
+    """#46: MPICH's mpiexec (Hydra): PMI_RANK and PMI_SIZE, and no job name at all: the job is
+    named by the Hydra proxy the ranks descend from. .ci/run installs the mpich wheel in
+    build/ci-mpich (TEST_MPICH_PREFIX elsewhere)."""
+    prefix = os.environ.get("TEST_MPICH_PREFIX") or os.path.join(os.path.dirname(os.path.dirname(HERE)), "build",
+                                                                  "ci-mpich")
+    mpiexec = os.path.join(prefix, "bin", "mpiexec")
+    if not os.path.exists(os.path.join(prefix, "bin", "hydra_pmi_proxy")):
+        pytest.skip(f"no MPICH under {prefix} (python -m venv DIR && DIR/bin/pip install mpich; "
+                    f"TEST_MPICH_PREFIX=DIR)")
+    _check([_run([mpiexec, "-n", str(WORLD), sys.executable, FEATURES], _env_without_secret(), timeout=120)], None)
