@@ -419,16 +419,70 @@ class EngineGroup(ProcessGroup):
     """A group whose collectives run on an engine written in Python (an ``Engine`` that also has
     ``isend`` and ``irecv``), such as ``shmcomm.multinode.HierarchicalComm``.
 
-    The collectives are ``GroupCore``'s own: each converts its arguments and calls
-    ``self._engine`` when that is not the group's ``Communicator``. Only point to point differs:
-    it goes through the engine, not the node's ring engine. Queued operations still run in issue
-    order on ``self._comm``'s progress engine.
+    Each collective converts its arguments as ``GroupCore``'s does (with the same signature:
+    tests/test_groups.py compares them) and calls ``self._engine``; ``GroupCore`` itself only
+    ever calls its ``Communicator``. Point to point goes through the engine too, not the node's
+    ring engine. Queued operations still run in issue order on ``self._comm``'s progress engine.
 
     Example::
 
         group = EngineGroup(node_comm, range(engine.size), "job.h", engine=engine)
         group.all_reduce(x, "max")    # engine.all_reduce(x, int(ReduceOp.MAX), False)
     """
+
+    # ---- collectives: GroupCore's conversions, then the engine (docstrings: shmcomm.collectives)
+    def all_reduce(self, array, op=ReduceOp.SUM, async_op=False):
+        return self._engine.all_reduce(array, op_code(op), bool(async_op))
+
+    def broadcast(self, array, src, async_op=False):
+        return self._engine.broadcast(array, _rank_arg(src, "src"), bool(async_op))
+
+    def reduce(self, array, dst, op=ReduceOp.SUM, async_op=False):
+        return self._engine.reduce(array, _rank_arg(dst, "dst"), op_code(op), bool(async_op))
+
+    def all_gather(self, output_list, array, async_op=False):
+        return self._engine.all_gather(list(output_list), array, bool(async_op))
+
+    def all_gather_into(self, output, array, async_op=False):
+        return self._engine.all_gather_into(output, array, bool(async_op))
+
+    def gather(self, array, gather_list=None, dst=0, async_op=False):
+        outs = None if gather_list is None else list(gather_list)
+        return self._engine.gather(array, outs, _rank_arg(dst, "dst"), bool(async_op))
+
+    def scatter(self, array, scatter_list=None, src=0, async_op=False):
+        ins = None if scatter_list is None else list(scatter_list)
+        return self._engine.scatter(array, ins, _rank_arg(src, "src"), bool(async_op))
+
+    def reduce_scatter(self, output, input_list, op=ReduceOp.SUM, async_op=False):
+        return self._engine.reduce_scatter(output, list(input_list), op_code(op), bool(async_op))
+
+    def reduce_scatter_into(self, output, input, op=ReduceOp.SUM, async_op=False):
+        return self._engine.reduce_scatter_into(output, input, op_code(op), bool(async_op))
+
+    def all_to_all(self, output_list, input_list, async_op=False):
+        return self._engine.all_to_all(list(output_list), list(input_list), bool(async_op))
+
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None,
+                          async_op=False):
+        return self._engine.all_to_all_single(
+            output, input, _core.rows_to_elements(output, output_split_sizes, "output_split_sizes"),
+            _core.rows_to_elements(input, input_split_sizes, "input_split_sizes"), bool(async_op))
+
+    def all_gather_v(self, output, array, counts, displs=None, async_op=False):
+        return self._engine.all_gather_v(output, array, counts, displs, bool(async_op))
+
+    def gather_v(self, array, output=None, counts=None, displs=None, dst=0, async_op=False):
+        return self._engine.gather_v(array, output, counts, displs, _rank_arg(dst, "dst"), bool(async_op))
+
+    def scatter_v(self, output, input=None, counts=None, displs=None, src=0, async_op=False):
+        return self._engine.scatter_v(output, input, counts, displs, _rank_arg(src, "src"), bool(async_op))
+
+    def reduce_scatter_v(self, output, input, counts, op=ReduceOp.SUM, async_op=False):
+        return self._engine.reduce_scatter_v(output, input, counts, op_code(op), bool(async_op))
+
+    def barrier(self, async_op=False):
+        return self._engine.barrier(bool(async_op))
 
     # point to point: the engine's own (GroupCore's goes through the node's P2PEngine)
     def isend(self, array, dst, tag=0):

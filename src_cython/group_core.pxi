@@ -106,92 +106,67 @@ cdef class GroupCore:
     """
     cdef public Communicator _comm
     cdef public P2PEngine _p2p
-    # The engine the collectives run on: _comm itself (the typed fast path below), or another
-    # with the same calls (shmcomm.group.Engine: the multi-node HierarchicalComm), which every
-    # method hands its converted arguments to instead. One group class serves both.
+    # The engine the group's collectives run on: _comm itself, whose calls the methods below make
+    # (the typed fast path), or another with the same calls (shmcomm.group.Engine: the multi-node
+    # HierarchicalComm), for which EngineGroup overrides every method (shmcomm/group.py).
     cdef public object _engine
 
     cpdef all_reduce(self, array, op=_SUM, bint async_op=False):
         """``shmcomm.all_reduce`` on this group (full text: shmcomm.collectives copies it here)."""
         cdef int code = _op_arg(op)
-        if self._engine is not self._comm:
-            return self._engine.all_reduce(array, code, async_op)
         return self._comm.all_reduce(array, code, async_op)
 
     cpdef broadcast(self, array, src, bint async_op=False):
         """``shmcomm.broadcast`` on this group (full text: shmcomm.collectives copies it here)."""
         cdef int root = _rank_arg(src, "src")
-        if self._engine is not self._comm:
-            return self._engine.broadcast(array, root, async_op)
         return self._comm.broadcast(array, root, async_op)
 
     cpdef reduce(self, array, dst, op=_SUM, bint async_op=False):
         """``shmcomm.reduce`` on this group (full text: shmcomm.collectives copies it here)."""
         cdef int root = _rank_arg(dst, "dst")
         cdef int code = _op_arg(op)
-        if self._engine is not self._comm:
-            return self._engine.reduce(array, root, code, async_op)
         return self._comm.reduce(array, root, code, async_op)
 
     cpdef all_gather(self, output_list, array, bint async_op=False):
         """``shmcomm.all_gather`` on this group (full text: shmcomm.collectives copies it here)."""
         cdef list outs = list(output_list)
-        if self._engine is not self._comm:
-            return self._engine.all_gather(outs, array, async_op)
         return self._comm.all_gather(outs, array, async_op)
 
     cpdef all_gather_into(self, output, array, bint async_op=False):
         """``shmcomm.all_gather_into`` on this group (full text: shmcomm.collectives copies it here)."""
-        if self._engine is not self._comm:
-            return self._engine.all_gather_into(output, array, async_op)
         return self._comm.all_gather_into(output, array, async_op)
 
     cpdef gather(self, array, gather_list=None, dst=0, bint async_op=False):
         """``shmcomm.gather`` on this group (full text: shmcomm.collectives copies it here)."""
         cdef int root = _rank_arg(dst, "dst")
         outs = list(gather_list) if gather_list is not None else None
-        if self._engine is not self._comm:
-            return self._engine.gather(array, outs, root, async_op)
         return self._comm.gather(array, outs, root, async_op)
 
     cpdef scatter(self, array, scatter_list=None, src=0, bint async_op=False):
         """``shmcomm.scatter`` on this group (full text: shmcomm.collectives copies it here)."""
         cdef int root = _rank_arg(src, "src")
         ins = list(scatter_list) if scatter_list is not None else None
-        if self._engine is not self._comm:
-            return self._engine.scatter(array, ins, root, async_op)
         return self._comm.scatter(array, ins, root, async_op)
 
     cpdef reduce_scatter(self, output, input_list, op=_SUM, bint async_op=False):
         """``shmcomm.reduce_scatter`` on this group (full text: shmcomm.collectives copies it here)."""
         cdef list ins = list(input_list)
         cdef int code = _op_arg(op)
-        if self._engine is not self._comm:
-            return self._engine.reduce_scatter(output, ins, code, async_op)
         return self._comm.reduce_scatter(output, ins, code, async_op)
 
     cpdef reduce_scatter_into(self, output, input, op=_SUM, bint async_op=False):
         """``shmcomm.reduce_scatter_into`` on this group (full text: shmcomm.collectives copies it here)."""
         cdef int code = _op_arg(op)
-        if self._engine is not self._comm:
-            return self._engine.reduce_scatter_into(output, input, code, async_op)
         return self._comm.reduce_scatter_into(output, input, code, async_op)
 
     cpdef all_to_all(self, output_list, input_list, bint async_op=False):
         """``shmcomm.all_to_all`` on this group (full text: shmcomm.collectives copies it here)."""
         cdef list outs = list(output_list), ins = list(input_list)
-        if self._engine is not self._comm:
-            return self._engine.all_to_all(outs, ins, async_op)
         return self._comm.all_to_all(outs, ins, async_op)
 
     cpdef all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None,
                           bint async_op=False):
         """``shmcomm.all_to_all_single`` on this group (full text: shmcomm.collectives copies it here)."""
-        if self._engine is not self._comm:
-            return self._engine.all_to_all_single(output, input,
-                                                rows_to_elements(output, output_split_sizes, "output_split_sizes"),
-                                                rows_to_elements(input, input_split_sizes, "input_split_sizes"),
-                                                async_op)
         return self._comm.all_to_all_single(output, input,
                                             rows_to_elements(output, output_split_sizes, "output_split_sizes"),
                                             rows_to_elements(input, input_split_sizes, "input_split_sizes"),
@@ -199,35 +174,25 @@ cdef class GroupCore:
 
     cpdef all_gather_v(self, output, array, counts, displs=None, bint async_op=False):
         """``shmcomm.all_gather_v`` on this group (full text: shmcomm.collectives copies it here)."""
-        if self._engine is not self._comm:
-            return self._engine.all_gather_v(output, array, counts, displs, async_op)
         return self._comm.all_gather_v(output, array, counts, displs, async_op)
 
     cpdef gather_v(self, array, output=None, counts=None, displs=None, dst=0, bint async_op=False):
         """``shmcomm.gather_v`` on this group (full text: shmcomm.collectives copies it here)."""
         cdef int root = _rank_arg(dst, "dst")
-        if self._engine is not self._comm:
-            return self._engine.gather_v(array, output, counts, displs, root, async_op)
         return self._comm.gather_v(array, output, counts, displs, root, async_op)
 
     cpdef scatter_v(self, output, input=None, counts=None, displs=None, src=0, bint async_op=False):
         """``shmcomm.scatter_v`` on this group (full text: shmcomm.collectives copies it here)."""
         cdef int root = _rank_arg(src, "src")
-        if self._engine is not self._comm:
-            return self._engine.scatter_v(output, input, counts, displs, root, async_op)
         return self._comm.scatter_v(output, input, counts, displs, root, async_op)
 
     cpdef reduce_scatter_v(self, output, input, counts, op=_SUM, bint async_op=False):
         """``shmcomm.reduce_scatter_v`` on this group (full text: shmcomm.collectives copies it here)."""
         cdef int code = _op_arg(op)
-        if self._engine is not self._comm:
-            return self._engine.reduce_scatter_v(output, input, counts, code, async_op)
         return self._comm.reduce_scatter_v(output, input, counts, code, async_op)
 
     cpdef barrier(self, bint async_op=False):
         """``shmcomm.barrier`` on this group (full text: shmcomm.collectives copies it here)."""
-        if self._engine is not self._comm:
-            return self._engine.barrier(async_op)
         return self._comm.barrier(async_op)
 
     # ---- point to point (blocking; isend/irecv are in ProcessGroup) --------------------------
