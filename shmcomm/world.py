@@ -87,12 +87,14 @@ def job_arguments(rank: int | None, world_size: int | None, name: str | None,
 
         rank, size, job, timeout = job_arguments(None, None, None, None)   # under shmrun
     """
-    launch = mpi_launch() if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ else None
+    launch = mpi_launch()
     rank = _env_int("RANK", launch, launch and launch.rank) if rank is None else _rank_arg(rank, "rank")
-    world_size = _env_int("WORLD_SIZE", launch, launch and launch.size) if world_size is None else \
-        _rank_arg(world_size, "world_size")
-    if launch is not None:
-        _one_node(launch, world_size)
+    if world_size is None:
+        world_size = _env_int("WORLD_SIZE", launch, launch and launch.size)
+        if launch is not None and "WORLD_SIZE" not in os.environ:
+            _one_node(launch, world_size)  # (a size passed in, as SHMCOMM_LINK=mpi's, may span nodes)
+    else:
+        world_size = _rank_arg(world_size, "world_size")
     job = _env_job(launch) if name is None else name
     if not isinstance(job, str) or not job:
         raise ValueError(f"{name_arg} must be a non-empty string, got {job!r}")

@@ -56,13 +56,14 @@ cdef void _run_queued(Communicator self, op_t *o, bint background) noexcept nogi
     cdef op_t *batch[MAX_BATCH]
     cdef op_t *nxt
     cdef size_t room = self.slot_bytes
-    cdef int j, k = 1, rc, settle = 0, kind = _batch_of(self, o)
+    cdef _batcher_t batcher = _batcher(o)  # the kind's row's; calls batch with its own class
+    cdef int j, k = 1, rc, settle = 0, kind = batcher(self, o) if batcher != NULL else 0
     batch[0] = o
     if kind:
         room -= _batch_bytes(o, 0)
         while k < MAX_BATCH:
             nxt = <op_t *>capi.shm_engine_peek(&self.engine, k)
-            if nxt == NULL or _batch_of(self, nxt) != kind or _batcher(nxt) != _batcher(o) \
+            if nxt == NULL or _batcher(nxt) != batcher or batcher(self, nxt) != kind \
                     or _batch_bytes(nxt, k) > room:
                 break
             room -= _batch_bytes(nxt, k)

@@ -58,13 +58,8 @@ _kind(K_PYTHON,          "operation",         "",     NULL)   # a Python callabl
 
 
 cdef inline _batcher_t _batcher(op_t *o) noexcept nogil:
+    """The batcher of the queued call ``o``'s kind (NULL: it runs alone)."""
     return _KIND_ROWS[o.kind].batch if 0 < o.kind < K_COUNT else NULL
-
-
-cdef inline int _batch_of(Communicator c, op_t *o) noexcept nogil:
-    """The batch class of the queued call ``o`` (its row's batcher; 0: it runs alone)."""
-    cdef _batcher_t batch = _batcher(o)
-    return batch(c, o) if batch != NULL else 0
 
 
 # ---- routes: which composition, if any, serves a call --------------------------------------

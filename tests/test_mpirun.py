@@ -58,6 +58,8 @@ def test_an_mpirun_job_across_nodes_or_without_a_name_is_refused_clearly(monkeyp
         monkeypatch.setenv(var, value)
     with pytest.raises(ValueError, match="this Open MPI job has 4 ranks, 2 on this node: across nodes set SHMCOMM_LINK=mpi"):
         job_arguments(None, None, None, 5.0)
+    # a rank and size passed in (SHMCOMM_LINK=mpi's, from MPI itself) may span nodes
+    assert job_arguments(1, 4, "across", 5.0) == (1, 4, "across", 5.0)
     _clear(monkeypatch)
     monkeypatch.setenv("PMI_RANK", "0")
     monkeypatch.setenv("PMI_SIZE", "1")   # not under a Hydra proxy: no name to be found
