@@ -77,7 +77,9 @@ def test_errors_from_the_engine_carry_no_engine_frames():
         for how, files in frames.items():
             compiled = [f for f in files if f.startswith("src_cython/")]
             assert len(compiled) <= 4, (how, files)
-            assert not any(f.startswith(("src_cython/coll/", "src_cython/waits")) for f in compiled), (how, files)
+            # none of the algorithm's steps (a mismatch met while the entry point itself waits
+            # can add that one waits.pxi frame: still at most the 4 above)
+            assert not any(f.startswith("src_cython/coll/") for f in compiled), (how, files)
             assert files[0].endswith("test_errors.py"), (how, files)
 
 
