@@ -63,9 +63,11 @@ for nbytes in map(int, sys.argv[1].split(",")):
         reps.append(float(took[0]))
     rows.append([nbytes, statistics.median(reps) * 1e6])
 if sc.get_rank() == 0:
-    numa = comm.levels[0] if comm.levels else None
+    levels = {type(level).__name__: level for level in comm.levels}
+    numa, threads = levels.get("NumaLevel"), levels.get("ThreadsLevel")
     print("RESULT " + json.dumps({"rows": rows, "nodes": None if numa is None else numa.topology.nodes,
-                                  "composed_calls": 0 if numa is None else numa.calls}), flush=True)
+                                  "threads": 0 if threads is None else len(threads.lanes),
+                                  "composed_calls": sum(level.calls for level in comm.levels)}), flush=True)
 sc.destroy_process_group()
 """
 
@@ -76,19 +78,39 @@ def parse_size(text: str) -> int:
     return int(text[:-1] if scale != 1 else text) * scale
 
 
-def run(nranks: int, sizes: list[int], numa_bytes: int, simulate: int, collective: str) -> dict:
-    env = dict(os.environ, SHMCOMM_NUMA_BYTES=str(numa_bytes), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "shmcomm.launch", "-n", str(nranks)]
-    if simulate > 1:
-        env["SHMCOMM_SIMULATE_NUMA"] = str(simulate)
-    else:
-        cmd += ["--bind-to", "numa"]
-    cmd += [sys.executable, "-c", WORKER, ",".join(map(str, sizes)), collective]
+def run(nranks: int, sizes: list[int], env: dict, collective: str, launch_args=()) -> dict:
+    """One job of ``WORKER`` under shmrun with ``env`` added (and ``launch_args`` for shmrun):
+    its rank 0's RESULT line."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", **env)
+    cmd = [sys.executable, "-m", "shmcomm.launch", "-n", str(nranks), *launch_args,
+           sys.executable, "-c", WORKER, ",".join(map(str, sizes)), collective]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     for line in done.stdout.splitlines():  # shmrun prefixes each line with "[rank] "
         if "RESULT " in line:
             return json.loads(line.partition("RESULT ")[2])
     raise SystemExit(f"the job failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr}")
+
+
+def alternate(rounds: int, ways: list[tuple[str, dict]], job) -> tuple[dict, dict]:
+    """``rounds`` rounds of ``job(env)`` once per way (name, env), the order reversed every other
+    round (a machine that drifts hurts both alike): each way's rows of times, and its last result."""
+    times: dict[str, list[list[float]]] = {name: [] for name, _ in ways}
+    last: dict[str, dict] = {}
+    for r in range(rounds):
+        for name, env in (ways if r % 2 == 0 else ways[::-1]):
+            last[name] = job(env)
+            times[name].append([t for _, t in last[name]["rows"]])
+    return times, last
+
+
+def print_table(sizes: list[int], times: dict, base: str, other: str, heading: str) -> None:
+    """The medians over rounds of ``base`` and ``other`` per size, and their ratio."""
+    print(f"| bytes | {base} us | {heading} us | ratio |")
+    print("|---|---|---|---|")
+    for i, nbytes in enumerate(sizes):
+        a = statistics.median(row[i] for row in times[base])
+        b = statistics.median(row[i] for row in times[other])
+        print(f"| {nbytes} | {a:.1f} | {b:.1f} | {b / a:.2f} |")
 
 
 def main() -> None:
@@ -106,26 +128,20 @@ def main() -> None:
 
     print(f"# {args.collective}, {args.nranks} ranks, {os.cpu_count()} CPUs, {machine_numa_nodes()} NUMA node(s); "
           + (f"simulated: {args.simulate} blocks, unbound" if args.simulate > 1 else "shmrun --bind-to numa"))
-    times: dict[str, list[list[float]]] = {"flat": [], "numa": []}
-    nodes = None
-    for r in range(args.rounds):
-        order = [("flat", 0), ("numa", 1)]
-        for name, numa_bytes in (order if r % 2 == 0 else order[::-1]):
-            got = run(args.nranks, sizes, numa_bytes, args.simulate, args.collective)
-            times[name].append([t for _, t in got["rows"]])
-            if name == "numa":
-                nodes = got["nodes"]
+    env, launch = {}, ["--bind-to", "numa"]
+    if args.simulate > 1:
+        env, launch = {"SHMCOMM_SIMULATE_NUMA": str(args.simulate)}, []
+    ways = [("flat", dict(env, SHMCOMM_NUMA_BYTES="0")), ("numa", dict(env, SHMCOMM_NUMA_BYTES="1"))]
+    times, last = alternate(args.rounds, ways,
+                            lambda e: run(args.nranks, sizes, dict(e, SHMCOMM_RANK_THREADS="1"),
+                                          args.collective, launch))
+    nodes = last["numa"]["nodes"]
     if nodes is None:
         print("# nothing composed: the ranks are not bound to several NUMA nodes in nodes of equal "
               "size (two ranks or more each); try --simulate 2 to measure the cost alone")
     else:
         print(f"# NUMA nodes' ranks: {nodes}")
-    print("| bytes | flat us | inside NUMA nodes first us | ratio |")
-    print("|---|---|---|---|")
-    for i, nbytes in enumerate(sizes):
-        flat = statistics.median(row[i] for row in times["flat"])
-        numa = statistics.median(row[i] for row in times["numa"])
-        print(f"| {nbytes} | {flat:.1f} | {numa:.1f} | {numa / flat:.2f} |")
+    print_table(sizes, times, "flat", "numa", "inside NUMA nodes first")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@
 #   zero_copy.txt    all_reduce of 1 and 16 MiB on private and on sc.empty arrays at 8 and 16 ranks;
 #                    then bench_tuning.py (slot stores, single copy or slots) at 2 and 4 ranks
 #   torch_n8.txt     bench_torch_backend.py at 8 ranks (DDP, FSDP2, small calls, 8M half precision)
-#   torch_ops_n8.txt bench_torch_ops.py and bench_tp_decode.py at 8 ranks; decode at 2 ranks x 8 threads
+#   torch_ops_n8.txt bench_torch_ops.py and bench_tp_decode.py at 8 ranks; decode at 2 ranks x 8 threads;
+#                    bench_threads.py (all_reduce split over each rank's threads) at 2 x 8 and 4 x 4
 #   movement.md      all_gather and reduce_scatter at 8/16 ranks against MPI
 #   raw.tar.gz       every JSON the scaling runs wrote
 #   log.txt          seconds since the start at the end of each phase
@@ -65,7 +66,11 @@ stamp torch
 { timeout 60 "$PY" "$REPO/bench/bench_torch_ops.py" -n 8 --rounds 3 --seconds 0.05 --sizes 8,16384,65536,1048576
   timeout 60 "$PY" "$REPO/bench/bench_tp_decode.py" -n 8 --rounds 2 --tokens 8 --modes eager --dtypes bfloat16
   timeout 60 "$PY" "$REPO/bench/bench_tp_decode.py" -n 2 --threads 8 --rounds 2 --tokens 8 --modes eager \
-    --dtypes bfloat16 --hidden 2048 --heads 16; } > "$O/torch_ops_n8.txt" 2>&1
+    --dtypes bfloat16 --hidden 2048 --heads 16
+  echo "== bench_threads.py: 2 ranks, 8 threads a rank (split) against one"
+  timeout 90 "$PY" "$REPO/bench/bench_threads.py" -n 2 --threads 8 --rounds 2 --sizes 256K,1M,4M,32M
+  echo "== bench_threads.py: 4 ranks, 4 threads a rank"
+  timeout 60 "$PY" "$REPO/bench/bench_threads.py" -n 4 --threads 4 --rounds 2 --sizes 1M,16M; } > "$O/torch_ops_n8.txt" 2>&1
 stamp torch_ops
 for c in all_gather reduce_scatter; do scaling $c "$FIT" 64K,1M,16M 2; done > "$O/movement.md" 2>&1
 stamp movement

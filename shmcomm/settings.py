@@ -163,6 +163,21 @@ SETTINGS: tuple[Setting, ...] = (
             "data) run inside each NUMA node first, where the ranks are bound to several nodes; "
             "0 turns it off", 0, "numa_bytes",
             lambda g: 1 << 20, _THRESHOLD_MAX),
+    # Unmeasured on a machine with many cores per rank (none was lent; bench/bench_threads.py
+    # measures it). A rank's large copies and reductions are memory-bound: one thread reaches a
+    # fraction of a socket's bandwidth, and DeepSpeed's op splits them over the rank's OpenMP
+    # threads (0.65 ms for 32 MiB on two Xeon sockets, 4-7x one thread here). At most 8 by
+    # default: a socket's bandwidth is reached before that, and each thread is one more group
+    # segment in /dev/shm.
+    Setting("SHMCOMM_RANK_THREADS", "group", "0: the rank's share of the cores (its affinity "
+            "over the ranks sharing it, at most 8; 1 where ranks share cores)",
+            "threads each rank runs a large synchronous all_reduce with (hierarchy/threads.py): "
+            "every rank splits the array into that many pieces, each reduced by one thread of "
+            "its own; 1 turns it off", 0, "rank_threads", lambda g: 0, 256),
+    Setting("SHMCOMM_THREADS_BYTES", "group", "1 MiB",
+            "all_reduce of private arrays this large is split over the rank's threads "
+            "(SHMCOMM_RANK_THREADS); 0 turns it off", 0, "threads_bytes",
+            lambda g: 1 << 20, _THRESHOLD_MAX),
     Setting("SHMCOMM_PROGRESS_US", "group", "50",
             "how often the progress thread looks for queued async ops while the group is busy", 1,
             "progress_us", lambda g: 50, _MICROS_MAX),

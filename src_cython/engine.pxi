@@ -354,6 +354,18 @@ cdef class Communicator:
         call.fn, call.args = fn, args
         return _go(self, call, None, list(outputs))
 
+    def start_issued(self):
+        """Let the progress thread start every op queued so far now, whatever its size (by
+        default only ops of 256 KiB and more start at once; smaller ones wait for their issuer,
+        or for the thread's next look). A level that hands pieces of one call to several groups'
+        progress threads calls it so that they run at the same time.
+
+        Example::
+
+            work = comm.all_reduce(piece, async_op=True); comm.start_issued()
+        """
+        capi.shm_engine_start_issued(&self.engine)
+
     def _progress_loop(self):
         """The group's background thread: runs queued ops nobody is waiting for."""
         with nogil:
@@ -435,12 +447,14 @@ cdef class Communicator:
         salt = self.hdr.name_salt.to_bytes(8, "little")
         return f"{what}.{hashlib.blake2s(what.encode(), key=salt, digest_size=8).hexdigest()}"
 
-    def derive(self, str what, members, timeout=None):
+    def derive(self, str what, members, timeout=None, int threads_per_rank=0):
         """The group of ``members`` (ranks of this group; member i becomes rank i) made through
         this one: its segment part ``derived_part(what)``, this group's secret, busy threads and
         busy ranks (its waits spin only if this group's would: the other ranks still run here),
         its timeout unless ``timeout`` is given. Its start-up fails at once when a member dies.
         Collective over ``members``: sub-groups and a composition's groups are made this way.
+        ``threads_per_rank``: the busy threads per rank its waits count on, when more than this
+        group's (a level that runs several groups at once from each rank's own threads).
 
         Example::
 
@@ -450,7 +464,8 @@ cdef class Communicator:
         part = self.derived_part(what)
         return Communicator(self.job, part, members.index(self.rank),
                             len(members), self.timeout if timeout is None else timeout,
-                            secret=self.creds, threads_per_rank=self.threads_per_rank,
+                            secret=self.creds,
+                            threads_per_rank=max(threads_per_rank, self.threads_per_rank),
                             watch=_Derivation(self, members, part), busy_ranks=self.busy_ranks)
 
     def check_alive(self, ranks):

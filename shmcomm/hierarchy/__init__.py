@@ -4,6 +4,8 @@ Levels (the contract: ``level.py``), tried in the order of ``LEVELS`` when a gro
 
 * ``numa.py``: inside each NUMA node first, then across nodes (large all_reduce,
   reduce_scatter_into, all_gather_into), where ranks are bound inside NUMA nodes.
+* ``threads.py``: large all_reduce split over each rank's own threads, where every rank owns
+  several cores (serves what the NUMA level leaves).
 
 What they compose with, one concept a module::
 
@@ -35,7 +37,7 @@ if TYPE_CHECKING:
 __all__ = ["LEVELS", "add_routes", "attach_levels"]
 
 # The levels, in the order their routes are tried: modules with attach(comm) -> Level | None.
-LEVELS = ("shmcomm.hierarchy.numa",)
+LEVELS = ("shmcomm.hierarchy.numa", "shmcomm.hierarchy.threads")
 
 
 def attach_levels(comm: _core.Communicator) -> list[Level]:

@@ -33,9 +33,18 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
-__all__ = ["Level"]
+import numpy as np
+
+from shmcomm.errors import PeerFailureError
+from shmcomm.hierarchy.compose import name_in_whole_group
+from shmcomm.multinode.link import check_same
+
+if TYPE_CHECKING:
+    import shmcomm._core as _core
+
+__all__ = ["Level", "check_same_call", "run_or_abort"]
 
 
 class Level(Protocol):
@@ -57,3 +66,53 @@ class Level(Protocol):
 
     def all_reduce(self, array: Any, op: int, async_op: bool, factor: float) -> Any:
         """Serve an all_reduce (only when ``routes`` names it)."""
+
+
+def check_same_call(comm: _core.Communicator, mine: np.ndarray, how: str, free: int | None = None) -> np.ndarray:
+    """Every rank's descriptor ``mine`` (``shmcomm.multinode.link.descriptor``) of a composed
+    call, checked on the whole group before any step: a rank that took the flat path meets it
+    there, and both raise CollectiveMismatchError (``how`` words it). Column ``free`` may differ
+    between ranks (a level's own flag, which the ranks then agree on from the rows returned).
+
+    Example::
+
+        rows = check_same_call(comm, descriptor("all_reduce", a, op), "composed inside NUMA nodes")
+    """
+    rows = np.empty((comm.size, mine.size), np.int64)
+    comm.all_gather(list(rows), mine)  # the list form: never composed
+    checked = rows
+    if free is not None:
+        checked = rows.copy()
+        checked[:, free] = 0
+    check_same(checked, f"ranks of a group whose large calls are {how}", "rank")
+    return rows
+
+
+def run_or_abort(comm: _core.Communicator, how: str, steps: Callable[..., None], args: tuple,
+                 abort_level: Callable[[str, BaseException], None],
+                 settle: Optional[Callable[[], None]] = None) -> None:
+    """``steps(*args)``, the steps of a composed call of ``comm`` (after ``check_same_call``).
+
+    When a step fails, peers may wait in a step this rank will not reach: they are woken with
+    the cause. A death aborts only the level's groups (``abort_level``; every rank sees the
+    death on the whole group itself, so its later calls fail as PeerFailureError, not
+    AbortedError), renumbered as the whole group's rank; anything else aborts the whole group.
+    Then ``settle()`` (a level with steps still running on other threads waits for them), and
+    the error is raised. ``how`` words the abort's reason.
+
+    Example::
+
+        run_or_abort(comm, "composed inside NUMA nodes", steps.all_reduce_steps, (a, op, 1.0),
+                     level.abort)
+    """
+    try:
+        steps(*args)
+    except BaseException as exc:
+        died = isinstance(exc, PeerFailureError)
+        if died and exc.pid > 0:
+            name_in_whole_group(exc, comm.rank_of_pid(exc.pid))
+        reason = f"{type(exc).__name__} on rank {comm.rank} (a call {how}): {str(exc)[:400]}"
+        (abort_level if died else comm.abort)(reason, exc)
+        if settle is not None:
+            settle()
+        raise

@@ -36,10 +36,10 @@ import numpy as np
 
 import shmcomm._core as _core
 from shmcomm import cpus
-from shmcomm.errors import PeerFailureError
-from shmcomm.hierarchy.compose import HierarchicalComm, flat, name_in_whole_group, numpy_bfloat16
+from shmcomm.hierarchy.compose import HierarchicalComm, flat, numpy_bfloat16
+from shmcomm.hierarchy.level import check_same_call, run_or_abort
 from shmcomm.hierarchy.topology import Topology
-from shmcomm.multinode.link import check_same, descriptor
+from shmcomm.multinode.link import descriptor
 from shmcomm.settings import find, read_int
 
 __all__ = ["NumaLevel", "attach", "install"]
@@ -148,25 +148,9 @@ class NumaLevel:
     def _run(self, kind: str, whole: np.ndarray, op: int, steps, args: tuple) -> None:
         """One composed collective: every rank's (kind, dtype, bytes of ``whole``, op) checked on
         the whole group first, then its steps."""
-        mine = descriptor(kind, whole, op)
-        rows = np.empty((self._comm.size, mine.size), np.int64)
-        self._comm.all_gather(list(rows), mine)  # the list form: never composed
-        check_same(rows, "ranks of a group that composes inside NUMA nodes", "rank")
-        try:
-            steps(*args)
-        except BaseException as exc:
-            # Peers may wait in a step this rank will not reach: wake them with the cause. A
-            # death: only the two levels' groups (every rank sees the death on the whole group
-            # itself, so its other operations keep failing as PeerFailureError, not AbortedError).
-            # A death met in a level's group (or learnt from a peer's abort of it, which names
-            # the dead process) carries that group's rank: renumbered as the whole group's.
-            died = isinstance(exc, PeerFailureError)
-            if died and exc.pid > 0:
-                name_in_whole_group(exc, self._comm.rank_of_pid(exc.pid))
-            reason = (f"{type(exc).__name__} on rank {self._comm.rank} ({kind} inside NUMA "
-                      f"nodes): {str(exc)[:400]}")
-            (self.abort if died else self._comm.abort)(reason, exc)
-            raise
+        how = "composed inside NUMA nodes"
+        check_same_call(self._comm, descriptor(kind, whole, op), how)
+        run_or_abort(self._comm, how, steps, args, self.abort)
         self.calls += 1
 
     def abort(self, reason: str | None, cause: BaseException | None = None) -> None:

@@ -191,9 +191,9 @@ KINDS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all"
 _FIELDS = ("kind", "dtype", "nbytes", "op", "root", "counts")
 
 
-def _dtype_code(dtype: np.dtype) -> int:
-    """The same number for the same dtype in every process (a hash of its name)."""
-    return zlib.crc32(dtype.name.encode())
+def _dtype_code(dtype: np.dtype | str) -> int:
+    """The same number for the same dtype (or dtype name) in every process (a hash of its name)."""
+    return zlib.crc32((dtype if isinstance(dtype, str) else dtype.name).encode())
 
 
 def _counts_code(counts) -> int:
@@ -208,9 +208,10 @@ def _counts_code(counts) -> int:
 
 
 def descriptor(kind: str, a: np.ndarray | None = None, op: int = -1, root: int = -1,
-               nbytes: int | None = None, counts=None) -> np.ndarray:
+               nbytes: int | None = None, counts=None, dtype: str | None = None) -> np.ndarray:
     """What this rank is about to do, as 6 int64: kind, dtype, bytes, op, root, and a code of
     the piece sizes ``counts`` that every rank passes alike (uneven forms; 0 without).
+    ``dtype``: the dtype's name as the compiled core sees it, where ``a`` is not given.
 
     Example::
 
@@ -219,7 +220,7 @@ def descriptor(kind: str, a: np.ndarray | None = None, op: int = -1, root: int =
     """
     if nbytes is None:
         nbytes = a.nbytes if a is not None else 0
-    code = _dtype_code(a.dtype) if a is not None else 0
+    code = _dtype_code(a.dtype) if a is not None else _dtype_code(dtype) if dtype else 0
     return np.array([KINDS.index(kind), code, nbytes, op, root, _counts_code(counts)], np.int64)
 
 
