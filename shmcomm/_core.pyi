@@ -501,6 +501,7 @@ class ReduceOp(enum.IntEnum):
     BAND = 5
     BOR = 6
     BXOR = 7
+    PROD = 1  # an alias of PRODUCT (MPI's and numpy's spelling)
 
 def op_code(op: object) -> int: ...
 def simd_levels() -> list[str]: ...

@@ -9,11 +9,13 @@ SIMD_LEVELS = tuple(shm_simd_names[i].decode() for i in range(SHM_SIMD_NLEVELS))
 
 # PREMUL_SUM needs a factor per call: the torch backend passes it (Communicator.all_reduce's
 # ``factor``); the public ReduceOp, whose members need nothing else, leaves it out.
+# PROD: an alias of PRODUCT, as MPI (MPI.PROD) and numpy (np.prod) spell it; iterating ReduceOp
+# still gives each op once.
 ReduceOp = enum.IntEnum("ReduceOp", [(name, code) for code, name in enumerate(OP_NAMES)
-                                     if code != SHM_PREMUL_SUM],
+                                     if code != SHM_PREMUL_SUM] + [("PROD", OP_NAMES.index("PRODUCT"))],
                         module="shmcomm.ops", qualname="ReduceOp")
 PREMUL_SUM = SHM_PREMUL_SUM
-ReduceOp.__doc__ = """Element-wise reductions: SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR, BXOR.
+ReduceOp.__doc__ = """Element-wise reductions: SUM, PRODUCT (alias PROD), MIN, MAX, AVG, BAND, BOR, BXOR.
 
     Values are the kernels' op codes (generated from their table). ``AVG`` on integers divides
     the wrapped sum and truncates toward zero (as NCCL); bool has no ``AVG``.
@@ -24,7 +26,6 @@ ReduceOp.__doc__ = """Element-wise reductions: SUM, PRODUCT, MIN, MAX, AVG, BAND
     """
 
 _OP_CODES = {member: int(member) for member in ReduceOp}
-_OP_ALIASES = {"PROD": "PRODUCT"}  # as numpy and MPI (MPI_PROD) spell it
 
 
 def op_code(op) -> int:
@@ -41,7 +42,7 @@ def op_code(op) -> int:
         return code
     if isinstance(op, str):
         try:
-            return int(ReduceOp[_OP_ALIASES.get(op.upper(), op.upper())])
+            return int(ReduceOp[op.upper()])
         except KeyError:
             pass
     elif isinstance(op, int) and not isinstance(op, bool) and 0 <= op < len(ReduceOp):

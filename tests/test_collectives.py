@@ -565,3 +565,21 @@ def _across_the_step_wrap(rank, size):
 @pytest.mark.parametrize("world", [2, 3])
 def test_step_numbers_wrap_safely(world):
     assert all(run_ranks(_across_the_step_wrap, world, timeout=110, env={"SHMCOMM_SMALL_BYTES": 64}))
+
+
+def _every_spelling_of_product(rank, size):
+    """ReduceOp.PROD (MPI's and numpy's spelling) is PRODUCT; so are "prod" and "product"."""
+    inputs = [make_input(np.dtype(np.float64), 101, r) for r in range(size)]
+    expected = reduce_reference(inputs, "PRODUCT")
+    for op in (sc.ReduceOp.PROD, sc.ReduceOp.PRODUCT, "prod", "PROD", "product", int(sc.ReduceOp.PROD)):
+        x = inputs[rank].copy()
+        sc.all_reduce(x, op=op)
+        assert_same_bits(x, expected, f"all_reduce op={op!r}")
+    return [m.name for m in sc.ReduceOp]
+
+
+@pytest.mark.timeout(60)
+def test_prod_is_an_alias_of_product():
+    assert sc.ReduceOp.PROD is sc.ReduceOp.PRODUCT
+    names = ["SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR"]
+    assert run_ranks(_every_spelling_of_product, 2) == [names] * 2  # each op once

@@ -78,17 +78,19 @@ def attach(comm: _core.Communicator) -> ThreadsLevel | None:
     if size < 2:
         return None
     settings = _core.group_settings(size, comm.threads_per_rank, comm.busy_ranks)
-    threshold = settings["threads_bytes"]
+    threshold, asked = settings["threads_bytes"], settings["rank_threads"]
+    # Decided without an exchange where every rank decides alike: off by its setting (as the
+    # NUMA level's threshold), or fewer than two cores per rank of the job on this machine.
+    if threshold == 0 or asked == 1 or (asked == 0 and (os.cpu_count() or 1) // max(comm.busy_ranks, 1) < 2):
+        return None
     mine = np.zeros(3 + _MASK_WORDS, np.int64)
-    mine[0], mine[1] = settings["rank_threads"], threshold
+    mine[0], mine[1] = asked, threshold
     mine[2] = shutil.disk_usage("/dev/shm").free if os.path.isdir("/dev/shm") else 0
     cpus = [c for c in os.sched_getaffinity(0) if c < 64 * _MASK_WORDS]
     np.bitwise_or.at(mine[3:].view(np.uint64), [c // 64 for c in cpus],
                      np.left_shift(np.uint64(1), np.array([c % 64 for c in cpus], np.uint64)))
     rows = np.empty((size, mine.size), np.int64)
     comm.all_gather_into(rows, mine)
-    if (rows[:, 1] == 0).any():
-        return None
     threads = min(default_threads(rows, r, os.cpu_count() or 1, comm.busy_ranks) for r in range(size))
     lane_bytes = _lane_segment_bytes(size, comm.slot_bytes, comm.ring_bytes)
     threads = min(threads, int(rows[:, 2].min()) // (2 * lane_bytes))
