@@ -66,7 +66,7 @@ if sc.get_rank() == 0:
     levels = {type(level).__name__: level for level in comm.levels}
     numa, threads = levels.get("NumaLevel"), levels.get("ThreadsLevel")
     print("RESULT " + json.dumps({"rows": rows, "nodes": None if numa is None else numa.topology.nodes,
-                                  "threads": 0 if threads is None else len(threads.lanes),
+                                  "threads": 0 if threads is None else threads.threads,
                                   "composed_calls": sum(level.calls for level in comm.levels)}), flush=True)
 sc.destroy_process_group()
 """

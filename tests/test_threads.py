@@ -43,7 +43,8 @@ def _every_dtype_and_op(rank, size, counts):
                 assert_same_bits(x, reduce_reference(inputs, op), f"{dtype} {op} count={count}")
                 checked += x.nbytes >= 64
     assert level.calls == checked, (level.calls, checked)
-    return len(level.lanes), checked
+    assert len(level.lanes) == level.threads
+    return level.threads, checked
 
 
 @pytest.mark.timeout(240)
@@ -253,3 +254,24 @@ def test_torch_tensors_and_the_inference_op_split_too(tmp_path):
         pytest.skip("ml_dtypes is not installed")
     got = run_ranks(_torch, 2, str(tmp_path / "store"), init=False, env=FORCED, timeout=100)
     assert got == [5] * 2
+
+
+def _lanes_made_when_needed(rank, size):
+    import shmcomm as sc
+
+    level = _level()
+    made = [len(level.lanes)]
+    sc.all_reduce(np.ones(300_000), async_op=True).wait()  # async: one piece, one lane
+    made.append(len(level.lanes))
+    x = np.ones(300_000)
+    sc.all_reduce(x)  # synchronous: every lane
+    made.append(len(level.lanes))
+    assert (x == size).all()
+    return made
+
+
+@pytest.mark.timeout(90)
+def test_lanes_are_made_by_the_first_call_that_needs_them():
+    """A group that never makes a large call costs no segments and no threads."""
+    assert run_ranks(_lanes_made_when_needed, 2, env={"SHMCOMM_RANK_THREADS": "3"}, timeout=60) \
+        == [[0, 1, 3]] * 2

@@ -4,7 +4,7 @@ reductions over the rank's OpenMP threads. One thread copies and reduces at a fr
 socket's memory bandwidth; several reach it.
 
 The threads are the progress threads of *lanes*: T groups over the same ranks as the group
-(``comm.derive``), one piece each. A call of ``SHMCOMM_THREADS_BYTES`` (1 MiB) and more runs, in
+(``comm.derive``), one piece each, made by the first call that needs them. A call of ``SHMCOMM_THREADS_BYTES`` (1 MiB) and more runs, in
 issue order on the group's engine, as:
 
 1. a check on the whole group that every rank made the same call (a rank that took the flat
@@ -128,23 +128,16 @@ def _lane_segment_bytes(size: int, slot_bytes: int, ring_bytes: int) -> int:
 
 
 def install(comm: _core.Communicator, threads: int, threshold: int) -> ThreadsLevel:
-    """``attach``'s second half: make ``threads`` lanes over ``comm``'s ranks and return the
-    level serving all_reduce from ``threshold`` bytes. Collective; every rank passes the same
-    numbers. Tests call it, then ``shmcomm.hierarchy.add_routes``, with the threads they like.
+    """``attach``'s second half: the level of ``threads`` threads a rank serving all_reduce from
+    ``threshold`` bytes. Every rank passes the same numbers. Its lanes are made by the first
+    call that needs them (a group that never makes a large call costs nothing). Tests call it,
+    then ``shmcomm.hierarchy.add_routes``, with the threads they like.
 
     Example::
 
         add_routes(comm, install(comm, 3, 1 << 20))
     """
-    lanes: list[_core.Communicator] = []
-    try:
-        for i in range(threads):
-            lanes.append(comm.derive(f"threads{i}", range(comm.size), threads_per_rank=threads))
-    except BaseException:
-        for lane in lanes:
-            lane.close()
-        raise
-    return ThreadsLevel(comm, lanes, threshold)
+    return ThreadsLevel(comm, threads, threshold)
 
 
 def pieces(count: int, itemsize: int, threads: int, min_piece_bytes: int) -> list[tuple[int, int]]:
@@ -169,23 +162,25 @@ def pieces(count: int, itemsize: int, threads: int, min_piece_bytes: int) -> lis
 
 class ThreadsLevel:
     """The threads of one group's large all_reduces (``attach`` makes it; a ``Level``):
-    ``lanes``, groups over the group's ranks, one a thread. It serves ``all_reduce`` of
-    ``threshold`` bytes and more.
+    ``threads`` a rank, each the progress thread of one of ``lanes``, groups over the group's
+    ranks made by the first call that needs them. It serves ``all_reduce`` of ``threshold``
+    bytes and more.
 
     Example::
 
         level = pg._comm.levels[0]
-        len(level.lanes), level.calls      # threads a rank, calls it split
+        level.threads, level.calls      # threads a rank, calls it split
     """
 
     min_ranks = 2
     bfloat16 = True  # a torch bfloat16 tensor's pieces stay tensors: no ml_dtypes needed
 
-    def __init__(self, comm: _core.Communicator, lanes: list[_core.Communicator], threshold: int):
+    def __init__(self, comm: _core.Communicator, threads: int, threshold: int):
         self.routes = (("all_reduce", threshold),)
-        self.lanes = lanes
+        self.threads = threads
+        self.lanes: list[_core.Communicator] = []
         self._comm = comm
-        self._min_piece = max(64, threshold // len(lanes))
+        self._min_piece = max(64, threshold // threads)
         self._running: list[Any] = []   # the pieces in flight on lanes 1.. (waited on failure)
         self.calls = 0
 
@@ -203,12 +198,15 @@ class ThreadsLevel:
 
     def _run(self, whole: Any, op: int, factor: float, mine: np.ndarray) -> None:
         rows = check_same_call(self._comm, mine, _HOW, free=_ASYNC)
-        threads = 1 if rows[:, _ASYNC].any() else len(self.lanes)
+        threads = 1 if rows[:, _ASYNC].any() else self.threads
         run_or_abort(self._comm, _HOW, self._pieces, (whole, op, factor, threads), self.abort,
                      self._settle)
         self.calls += threads > 1
 
     def _pieces(self, whole: Any, op: int, factor: float, threads: int) -> None:
+        while len(self.lanes) < threads:  # every rank is in this call: made together
+            self.lanes.append(self._comm.derive(f"threads{len(self.lanes)}", range(self._comm.size),
+                                                threads_per_rank=self.threads))
         count = whole.shape[0]
         itemsize = whole.nbytes // count if count else 1
         (a0, b0), *rest = pieces(count, itemsize, threads, self._min_piece)
