@@ -189,6 +189,21 @@ def _numa_line() -> str:
     return f"{count}; this process {where}"
 
 
+def _threads_line(usable: int) -> str:
+    """Threads a rank splits a large synchronous all_reduce over here (shmcomm/hierarchy/threads.py):
+    the setting, or each unbound rank's share of the usable cores at 2, 4 and 8 ranks."""
+    from shmcomm.hierarchy.threads import DEFAULT_MAX_THREADS
+    from shmcomm.settings import find, read_int
+
+    asked = read_int(find("SHMCOMM_RANK_THREADS"), 0)
+    if asked == 1:
+        return "1 (SHMCOMM_RANK_THREADS=1: large all_reduces stay on one thread)"
+    if asked > 1:
+        return f"{asked} (SHMCOMM_RANK_THREADS) for all_reduce from SHMCOMM_THREADS_BYTES"
+    shares = ", ".join(f"{max(1, min(DEFAULT_MAX_THREADS, usable // n))} at {n} ranks" for n in (2, 4, 8))
+    return f"{shares} (unbound ranks' share of the cores; 1: large all_reduces stay on one thread)"
+
+
 def _limit(which: int, size: bool = False) -> str:
     def fmt(v: int) -> str:
         if v == resource.RLIM_INFINITY:
@@ -220,6 +235,7 @@ def info_lines() -> list[tuple[str, str]]:
         usable = os.cpu_count() or 1
     lines.append(("cores", f"{usable} usable of {os.cpu_count()}"))
     lines.append(("NUMA nodes", _numa_line()))
+    lines.append(("threads a rank", _threads_line(usable)))
     lines.append(("open files", _limit(resource.RLIMIT_NOFILE)))
     lines.append(("locked memory", _limit(resource.RLIMIT_MEMLOCK, size=True)))
     lines.append(("processes", _limit(resource.RLIMIT_NPROC)))

@@ -163,6 +163,10 @@ cdef class Communicator:
     # the order added (add_route; shmcomm/hierarchy/ installs them): _route_t rows. None until
     # one is added, so a call of a group without any pays one test (registry.pxi's _route).
     cdef list routes
+    # Per kind, the fewest bytes any of its routes takes (SIZE_MAX: none): a call below it is
+    # flat after one C comparison, without reading the Python rows (a group with a level for
+    # its large calls keeps its small ones as fast as a group without).
+    cdef size_t route_floor[K_COUNT]
     cdef readonly list levels   # the levels behind the routes: aborted and closed with this group
 
     def __cinit__(self):
@@ -178,6 +182,7 @@ cdef class Communicator:
         self.engine_ready = False
         self.op_name = b"init"
         self.routes = None
+        memset(self.route_floor, 0xff, sizeof(self.route_floor))
         self.levels = []
 
     def __init__(self, str job, str part, int rank, int size, double timeout, secret=None,
@@ -558,6 +563,7 @@ cdef class Communicator:
 
     cdef _close_levels(self):
         levels, self.levels, self.routes = self.levels, [], None
+        memset(self.route_floor, 0xff, sizeof(self.route_floor))
         for level in levels:
             level.close()
 

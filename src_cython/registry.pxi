@@ -78,7 +78,7 @@ cdef inline object _route(Communicator c, op_t *o):
 
 cdef object _first_route(Communicator c, op_t *o):
     cdef size_t total = o.nbytes * (<size_t>c.size if _KIND_ROWS[o.kind].whole else 1)
-    if o.heap:
+    if o.heap or total < c.route_floor[o.kind]:
         return None
     for level, min_bytes, min_ranks, bf16 in c.routes[o.kind]:
         if total >= <size_t>min_bytes and c.size >= min_ranks and (o.dtype != SHM_BFLOAT16 or bf16):
@@ -113,6 +113,7 @@ def add_route(Communicator comm, str entry, level, size_t min_bytes, int min_ran
     if comm.routes is None:
         comm.routes = [[] for _ in range(K_COUNT)]
     comm.routes[kinds[0]].append((level, min_bytes, max(min_ranks, 1), bfloat16))
+    comm.route_floor[kinds[0]] = min(comm.route_floor[kinds[0]], min_bytes)
     if not any(level is known for known in comm.levels):
         comm.levels.append(level)
 

@@ -17,9 +17,10 @@ from shmcomm import segments
 CLI = [sys.executable, "-m", "shmcomm.cli"]
 
 
-def shmcomm_cli(*args: str) -> subprocess.CompletedProcess:
-    """Run ``shmcomm ARGS`` in a subprocess and return its result (text output)."""
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=30)
+def shmcomm_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``shmcomm ARGS`` in a subprocess (with ``env`` added) and return its result (text output)."""
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=30,
+                          env=None if env is None else {**os.environ, **env})
 
 
 def dead_pid() -> int:
@@ -82,6 +83,10 @@ def test_info():
     assert re.search(r"^cores:\s+\d+ usable of \d+$", res.stdout, re.M)
     from shmcomm.cpus import machine_numa_nodes
     assert re.search(rf"^NUMA nodes:\s+{machine_numa_nodes()}\b", res.stdout, re.M), res.stdout
+    share = max(1, min(8, len(os.sched_getaffinity(0)) // 2))
+    assert re.search(rf"^threads a rank:\s+{share} at 2 ranks, ", res.stdout, re.M), res.stdout
+    forced = shmcomm_cli("info", env={"SHMCOMM_RANK_THREADS": "3"})
+    assert re.search(r"^threads a rank:\s+3 \(SHMCOMM_RANK_THREADS\)", forced.stdout, re.M), forced.stdout
     assert re.search(r"^simd:\s+\S", res.stdout, re.M)
     from shmcomm import _core
     best = _core.simd_levels()[-1]
