@@ -371,6 +371,17 @@ cdef class Communicator:
         """
         capi.shm_engine_start_issued(&self.engine)
 
+    def rest_until_kicked(self):
+        """Let the progress thread rest until an op is started for it (``start_issued``, or a
+        waiter's future) instead of looking for queued ops every SHMCOMM_PROGRESS_US: a level's
+        lanes, whose every op is started so, then take no core between calls.
+
+        Example::
+
+            lane.rest_until_kicked(); lane.all_reduce(piece, async_op=True); lane.start_issued()
+        """
+        self.doze_ns = SLICE_NS
+
     def _progress_loop(self):
         """The group's background thread: runs queued ops nobody is waiting for."""
         with nogil:

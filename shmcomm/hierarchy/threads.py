@@ -205,8 +205,10 @@ class ThreadsLevel:
 
     def _pieces(self, whole: Any, op: int, factor: float, threads: int) -> None:
         while len(self.lanes) < threads:  # every rank is in this call: made together
-            self.lanes.append(self._comm.derive(f"threads{len(self.lanes)}", range(self._comm.size),
-                                                threads_per_rank=self.threads))
+            lane = self._comm.derive(f"threads{len(self.lanes)}", range(self._comm.size),
+                                     threads_per_rank=self.threads)
+            lane.rest_until_kicked()  # its thread wakes for its pieces only, never to look
+            self.lanes.append(lane)
         count = whole.shape[0]
         itemsize = whole.nbytes // count if count else 1
         (a0, b0), *rest = pieces(count, itemsize, threads, self._min_piece)
