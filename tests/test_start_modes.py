@@ -27,9 +27,11 @@ WORLD = 4  # two simulated NUMA nodes of two ranks
 def _env_without_secret() -> dict[str, str]:
     """This user's environment as a fresh shell has it: no SHMCOMM_ variable (pytest's process
     made a secret up on import; a user's shell has none), but two simulated NUMA nodes, whose
-    groups the default group makes through itself (with its secret, or none)."""
+    groups the default group makes through itself (with its secret, or none), and two threads a
+    rank for a sub-group's larger calls (its lanes are made through it too)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHMCOMM_")}
-    return dict(env, SHMCOMM_SIMULATE_NUMA="2", SHMCOMM_NUMA_BYTES="1024")
+    return dict(env, SHMCOMM_SIMULATE_NUMA="2", SHMCOMM_NUMA_BYTES="1024", SHMCOMM_RANK_THREADS="2",
+                SHMCOMM_THREADS_BYTES="4096")
 
 
 def _check(outputs: list[str], job: str | None) -> None:

@@ -1,5 +1,6 @@
 """The features that depend on how ranks met, run by one rank: shared arrays (zero copy), the
-NUMA composition's groups, a sub-group and RPC. ``main(rank, size, job)`` returns a summary line; every check raises.
+NUMA composition's groups, a sub-group (and the lanes of its split over each rank's threads)
+and RPC. ``main(rank, size, job)`` returns a summary line; every check raises.
 
 Run by tests/test_start_modes.py under each way users start ranks: shmrun, torchrun, sc.spawn,
 multiprocessing with explicit arguments and no shared secret, and processes started by hand.
@@ -39,6 +40,12 @@ def main(rank: int, size: int, job: str | None) -> str:
         y = np.full(3, float(rank))
         sc.all_reduce(y, group=sub)
         assert (y == sum(members)).all(), y
+        # split over each rank's threads (SHMCOMM_RANK_THREADS=2): lanes made through the sub-group
+        big = np.full(1000, float(rank))
+        sc.all_reduce(big, group=sub)
+        assert (big == sum(members)).all(), big[:4]
+        threads = [level for level in sub._comm.levels if type(level).__name__ == "ThreadsLevel"]
+        assert threads and threads[0].calls == 1 and len(threads[0].lanes) == 2, sub._comm.levels
         z = sc.empty(5, np.float64, group=sub)
         z[...] = 1
         sc.all_reduce(z, group=sub)
