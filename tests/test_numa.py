@@ -7,12 +7,12 @@ order), on every rank."""
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
 
 from harness import RankFailed, run_ranks
+from level_checks import killed_mid_calls, mismatch
 from reference import BFLOAT16, DTYPES, FACTORS, assert_same_bits, kernel_ops_for, make_input, \
     reduce_reference
 
@@ -193,25 +193,11 @@ def test_no_composition_for_uneven_nodes_or_nodes_of_one_rank(size, nodes):
     assert run_ranks(_layout_with_no_use, size, env=env, timeout=60) == [True] * size
 
 
-def _mismatch(rank, size, kind):
-    import shmcomm as sc
-
-    t0 = time.monotonic()
-    try:
-        if kind == "size":  # rank 0 composes, the others take the flat one-shot path
-            sc.all_reduce(np.ones(100 if rank == 0 else 4))
-        else:  # everyone composes, with different ops
-            sc.all_reduce(np.ones(100), op="sum" if rank == 0 else "max")
-    except sc.CollectiveMismatchError as e:
-        return time.monotonic() - t0, str(e)
-    return None
-
-
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("kind", ["size", "op"])
 def test_a_mismatch_is_named_at_once(kind):
     env = dict(SIMULATED, SHMCOMM_TIMEOUT="30")
-    results = run_ranks(_mismatch, 4, kind, env=env, timeout=60)
+    results = run_ranks(mismatch, 4, kind, env=env, timeout=60)
     for got in results:
         assert got is not None, results
         elapsed, text = got
@@ -266,32 +252,11 @@ def test_the_torch_backend_composes_too(tmp_path):
     assert got == [7] * 4
 
 
-def _killed(rank, size):
-    import os
-    import signal
-
-    import shmcomm as sc
-
-    pids = [None] * size
-    sc.all_gather_object(pids, os.getpid())
-    x = np.ones(1 << 16)
-    t0 = time.monotonic()
-    try:
-        for i in range(100_000):
-            if rank == 3 and i == 50:
-                os.kill(os.getpid(), signal.SIGKILL)
-            sc.all_reduce(x)
-            x[...] = 1
-    except sc.PeerFailureError as e:
-        return time.monotonic() - t0, str(e), e.rank, e.pid, pids[3]
-    return None
-
-
 @pytest.mark.timeout(90)
 def test_a_rank_killed_mid_composition_is_a_peer_failure_at_once():
     env = dict(SIMULATED, SHMCOMM_TIMEOUT="60")
     try:
-        results = run_ranks(_killed, 4, env=env, timeout=60, expect_dead=(3,))
+        results = run_ranks(killed_mid_calls, 4, env=env, timeout=60, expect_dead=(3,))
     except RankFailed as e:
         raise AssertionError(str(e)) from None
     for got in results[:3]:

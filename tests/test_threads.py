@@ -6,12 +6,12 @@ rank order (the flat paths' order): the same bits whatever the thread count, on 
 from __future__ import annotations
 
 import os
-import time
 
 import numpy as np
 import pytest
 
 from harness import RankFailed, run_ranks
+from level_checks import killed_mid_calls, mismatch
 from reference import BFLOAT16, DTYPES, FACTORS, assert_same_bits, kernel_ops_for, make_input, \
     reduce_reference
 
@@ -164,59 +164,25 @@ def test_pieces_cover_the_array_on_cache_line_bounds():
     assert len(pieces(1 << 20, 1, 8, 1 << 18)) == 4  # none under the smallest piece
 
 
-def _mismatch(rank, size, kind):
-    import shmcomm as sc
-
-    t0 = time.monotonic()
-    try:
-        if kind == "size":  # rank 0 splits, the other takes the flat one-shot path
-            sc.all_reduce(np.ones(100 if rank == 0 else 4))
-        else:  # both split, with different ops
-            sc.all_reduce(np.ones(100), op="sum" if rank == 0 else "max")
-    except sc.CollectiveMismatchError as e:
-        return time.monotonic() - t0, str(e)
-    return None
-
-
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("kind", ["size", "op"])
 def test_a_mismatch_is_named_at_once(kind):
     env = dict(FORCED, SHMCOMM_TIMEOUT="30")
-    for got in run_ranks(_mismatch, 2, kind, env=env, timeout=60):
+    for got in run_ranks(mismatch, 2, kind, env=env, timeout=60):
         assert got is not None and got[0] < 10 and "all_reduce" in got[1], got
-
-
-def _killed(rank, size):
-    import signal
-
-    import shmcomm as sc
-
-    pids = [None] * size
-    sc.all_gather_object(pids, os.getpid())
-    x = np.ones(1 << 16)
-    t0 = time.monotonic()
-    try:
-        for i in range(100_000):
-            if rank == size - 1 and i == 50:
-                os.kill(os.getpid(), signal.SIGKILL)
-            sc.all_reduce(x)
-            x[...] = 1
-    except sc.PeerFailureError as e:
-        return time.monotonic() - t0, e.rank, e.pid, pids[size - 1]
-    return None
 
 
 @pytest.mark.timeout(90)
 def test_a_rank_killed_mid_call_is_a_peer_failure_at_once():
     env = dict(FORCED, SHMCOMM_TIMEOUT="60")
     try:
-        results = run_ranks(_killed, 3, env=env, timeout=60, expect_dead=(2,))
+        results = run_ranks(killed_mid_calls, 3, env=env, timeout=60, expect_dead=(2,))
     except RankFailed as e:
         raise AssertionError(str(e)) from None
     for got in results[:2]:
         # whichever lane a survivor waited in, the error names the dead process by its rank
         assert got is not None and got[0] < 15, results
-        assert got[1:3] == (2, got[3]), got
+        assert got[2:4] == (2, got[4]), got
 
 
 def _torch(rank, size, store):
