@@ -198,7 +198,7 @@ class ThreadsLevel:
 
     def _run(self, whole: Any, op: int, factor: float, mine: np.ndarray) -> None:
         rows = check_same_call(self._comm, mine, _HOW, free=_ASYNC)
-        threads = 1 if rows[:, _ASYNC].any() else self.threads
+        threads = 1 if any(rows[:, _ASYNC].tolist()) else self.threads
         run_or_abort(self._comm, _HOW, self._pieces, (whole, op, factor, threads), self.abort,
                      self._settle)
         self.calls += threads > 1
