@@ -138,6 +138,12 @@ cdef class Segment:
             from shmcomm.segments import publishing
             if publishing("/dev/shm" + name):
                 return None  # its creator is naming it: two links for a moment
+            from shmcomm.trust import problem
+            try:  # or it removed its staging name between our two looks: ours now, try again
+                if problem(os.lstat("/dev/shm" + name)) is None:
+                    return None
+            except OSError:
+                return None  # gone: not there (yet)
             raise
         except OSError as e:
             raise ShmcommError(f"cannot open shared segment {name}: {e.strerror}") from None
