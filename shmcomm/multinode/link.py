@@ -234,7 +234,8 @@ def check_same(rows: np.ndarray, who: str = "ranks on different nodes", unit: st
 
         check_same(np.stack([descriptor("barrier")] * 2))   # nothing to say
     """
-    if (rows == rows[0]).all():
+    raw = rows.tobytes()  # every row equal, the common case: decided in bytes (a microsecond
+    if raw == raw[:len(raw) // len(rows)] * len(rows):  # less than numpy's comparison)
         return
     from shmcomm._core import DTYPE_NAMES
 
