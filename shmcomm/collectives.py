@@ -892,14 +892,16 @@ def all_reduce_coalesced(arrays: Sequence[Array], op: ReduceOpLike = ReduceOp.SU
     return resolve(group).all_reduce_coalesced(arrays, op, async_op)
 
 
-def scan(array: Array, op: ReduceOpLike = ReduceOp.SUM, group: ProcessGroup | None = None,
-         async_op: bool = False) -> Work | None:
+@_compiled(_core.scan)
+def scan(array, op=ReduceOp.SUM, group=None, async_op=False):
     """MPI's inclusive prefix reduction, in place: rank r's ``array`` becomes ``op`` over the
     arrays of ranks 0..r (mpi4py's ``comm.Scan``).
 
-    Every dtype and op of ``all_reduce``, with its rules (half types accumulate in float32; AVG
-    divides by the number of ranks reduced, r + 1). Ranks reduce in rank order, so rank r's
-    result has the bits ``all_reduce`` over ranks 0..r would give.
+    Every dtype and op of ``all_reduce`` but PREMUL_SUM, with its rules (half types accumulate
+    in float32; AVG divides by the number of ranks reduced, r + 1). Ranks reduce in rank order,
+    so rank r's result has the bits ``all_reduce`` over ranks 0..r would give. One step per
+    chunk of the group's slots: every rank but the last copies its array into its slot, then
+    rank r reduces those of ranks 0..r-1 and its own.
 
     Args:
         array (ndarray | Tensor | buffer): writable C-contiguous array; same shape and dtype on
@@ -924,11 +926,10 @@ def scan(array: Array, op: ReduceOpLike = ReduceOp.SUM, group: ProcessGroup | No
         x = np.full(3, sc.get_rank() + 1.0)
         sc.scan(x)                   # rank r: 1 + 2 + ... + (r + 1)
     """
-    return resolve(group).scan(array, op, async_op)
 
 
-def exscan(array: Array, op: ReduceOpLike = ReduceOp.SUM, group: ProcessGroup | None = None,
-           async_op: bool = False) -> Work | None:
+@_compiled(_core.exscan)
+def exscan(array, op=ReduceOp.SUM, group=None, async_op=False):
     """MPI's exclusive prefix reduction, in place: rank r's ``array`` becomes ``op`` over the
     arrays of ranks 0..r-1; rank 0's becomes the op's identity (0 for SUM, BOR and BXOR, 1 for
     PRODUCT, the dtype's largest value for MIN and smallest for MAX, inf and -inf for floating
@@ -955,7 +956,6 @@ def exscan(array: Array, op: ReduceOpLike = ReduceOp.SUM, group: ProcessGroup | 
         offsets = np.array([len(my_rows)])
         sc.exscan(offsets)           # rank r: rows held by ranks before it (rank 0: 0)
     """
-    return resolve(group).exscan(array, op, async_op)
 
 
 def isend(array: Array, dst: int, tag: int = 0, group: ProcessGroup | None = None) -> Work:

@@ -6,8 +6,8 @@ functions in ``shmcomm.collectives`` call the default group's methods. The defau
 functions that make and destroy groups (``init_process_group``, ``new_group``, ...) are
 ``shmcomm.world``'s.
 
-A group runs its collectives on an *engine* (``Engine``: the calls every engine provides, with
-the ``Communicator``'s signatures). On one node the engine is the ``Communicator`` itself, driven
+A group runs its collectives on an *engine* (``shmcomm._core.Engine``: the calls every engine
+provides, with the ``Communicator``'s signatures). On one node the engine is the ``Communicator`` itself, driven
 by the compiled ``GroupCore``; ``EngineGroup`` drives any other engine (a group across nodes,
 ``shmcomm.multinode``).
 """
@@ -15,9 +15,10 @@ by the compiled ``GroupCore``; ``EngineGroup`` drives any other engine (a group 
 from __future__ import annotations
 
 import atexit
+import inspect
 import os
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol, Sequence, cast, overload
+from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence, cast, overload
 
 import numpy as np
 
@@ -31,9 +32,10 @@ from shmcomm.work import Work
 if TYPE_CHECKING:
     from numpy.typing import DTypeLike
 
+    from shmcomm._core import Engine
     from shmcomm._types import Array, ReduceOpLike
 
-__all__ = ["ProcessGroup", "Engine", "ENGINE_CALLS", "EngineGroup", "DEFAULT_TIMEOUT", "PROC_NULL"]
+__all__ = ["ProcessGroup", "ENGINE_CALLS", "EngineGroup", "DEFAULT_TIMEOUT", "PROC_NULL"]
 
 # Five minutes: long enough for any collective of a healthy job (and for ranks to start), short
 # enough that a script whose peer died fails while someone still watches it. (The torch backend
@@ -44,75 +46,11 @@ DEFAULT_TIMEOUT = 300.0
 PROC_NULL = -1
 
 
-class Engine(Protocol):
-    """The collective calls every engine of a group provides, with the compiled
-    ``Communicator``'s signatures: ``op`` an op code (``shmcomm.ops.op_code``), ranks as ints,
-    split sizes in elements, ``factor`` PREMUL_SUM's; each runs inline and returns None, or with
-    ``async_op=True`` is queued on the group's progress engine and returns a ``Work``.
-
-    Engines: ``shmcomm._core.Communicator`` (one node) and ``shmcomm.multinode.HierarchicalComm``
-    (several); tests/test_groups.py checks that both provide ``ENGINE_CALLS`` with these
-    signatures.
-
-    Example::
-
-        engine: Engine = pg._engine
-        engine.all_reduce(x, 0)                 # SUM
-    """
-
-    rank: int
-    size: int
-
-    def all_reduce(self, array: Array, op: int = 0, async_op: bool = False,
-                   factor: float = 1.0) -> Work | None: ...
-
-    def reduce(self, array: Array, dst: int, op: int = 0, async_op: bool = False,
-               factor: float = 1.0) -> Work | None: ...
-
-    def broadcast(self, array: Array, src: int, async_op: bool = False) -> Work | None: ...
-
-    def all_gather(self, output_list: list[Array], array: Array, async_op: bool = False) -> Work | None: ...
-
-    def all_gather_into(self, output: Array, array: Array, async_op: bool = False) -> Work | None: ...
-
-    def gather(self, array: Array, gather_list: list[Array] | None, dst: int,
-               async_op: bool = False) -> Work | None: ...
-
-    def scatter(self, array: Array, scatter_list: list[Array] | None, src: int,
-                async_op: bool = False) -> Work | None: ...
-
-    def reduce_scatter(self, output: Array, input_list: list[Array], op: int = 0,
-                       async_op: bool = False, factor: float = 1.0) -> Work | None: ...
-
-    def reduce_scatter_into(self, output: Array, input: Array, op: int = 0,
-                            async_op: bool = False, factor: float = 1.0) -> Work | None: ...
-
-    def all_to_all(self, output_list: list[Array], input_list: list[Array],
-                   async_op: bool = False) -> Work | None: ...
-
-    def all_to_all_single(self, output: Array, input: Array, output_split_sizes: Sequence[int] | None = None,
-                          input_split_sizes: Sequence[int] | None = None,
-                          async_op: bool = False) -> Work | None: ...
-
-    def all_gather_v(self, output: Array, array: Array, counts: Sequence[int],
-                     displs: Sequence[int] | None = None, async_op: bool = False) -> Work | None: ...
-
-    def gather_v(self, array: Array, output: Array | None, counts: Sequence[int] | None,
-                 displs: Sequence[int] | None, dst: int, async_op: bool = False) -> Work | None: ...
-
-    def scatter_v(self, output: Array, input: Array | None, counts: Sequence[int] | None,
-                  displs: Sequence[int] | None, src: int, async_op: bool = False) -> Work | None: ...
-
-    def reduce_scatter_v(self, output: Array, input: Array, counts: Sequence[int], op: int = 0,
-                         async_op: bool = False, factor: float = 1.0) -> Work | None: ...
-
-    def barrier(self, async_op: bool = False) -> Work | None: ...
-
-
-# The collective calls of ``Engine``, by name (the group calls of the same names take the
-# arguments users pass: ``GroupCore``'s, mirrored by ``EngineGroup``)
-ENGINE_CALLS = tuple(name for name, value in vars(Engine).items()
-                     if callable(value) and not name.startswith("_"))
+# The collective calls of a group's engine (``shmcomm._core.Engine``, a type of the stub), by
+# name: those of the compiled ``GroupCore``, which drives them (its point to point goes through
+# the P2PEngine instead).
+ENGINE_CALLS = tuple(name for name in vars(_core.GroupCore)
+                     if not name.startswith("_") and name not in ("send", "recv"))
 
 
 class ProcessGroup(_core.GroupCore):
@@ -247,18 +185,6 @@ class ProcessGroup(_core.GroupCore):
             for a in arrays:
                 reduce_one(a, code)
         return self._comm.submit(run, (), arrays, async_op)
-
-    def scan(self, array: Array, op: ReduceOpLike = ReduceOp.SUM, async_op: bool = False) -> Work | None:
-        """``shmcomm.scan`` on this group (its text is copied here at import)."""
-        from shmcomm.prefix import prefix_reduce
-
-        return prefix_reduce(self, array, op, False, async_op)
-
-    def exscan(self, array: Array, op: ReduceOpLike = ReduceOp.SUM, async_op: bool = False) -> Work | None:
-        """``shmcomm.exscan`` on this group (its text is copied here at import)."""
-        from shmcomm.prefix import prefix_reduce
-
-        return prefix_reduce(self, array, op, True, async_op)
 
     # ---- point to point ---------------------------------------------------------------------
     def isend(self, array: Array, dst: int, tag: int = 0) -> Work:
@@ -419,70 +345,17 @@ class EngineGroup(ProcessGroup):
     """A group whose collectives run on an engine written in Python (an ``Engine`` that also has
     ``isend`` and ``irecv``), such as ``shmcomm.multinode.HierarchicalComm``.
 
-    Each collective converts its arguments as ``GroupCore``'s does (with the same signature:
-    tests/test_groups.py compares them) and calls ``self._engine``; ``GroupCore`` itself only
-    ever calls its ``Communicator``. Point to point goes through the engine too, not the node's
-    ring engine. Queued operations still run in issue order on ``self._comm``'s progress engine.
+    Each collective is made from ``GroupCore``'s of the same name (``_engine_call``): the same
+    signature and text, its arguments converted as ``GroupCore``'s converts them, then the
+    engine's call; ``GroupCore`` itself only ever calls its ``Communicator``. Point to point goes
+    through the engine too, not the node's ring engine. Queued operations still run in issue
+    order on ``self._comm``'s progress engine.
 
     Example::
 
         group = EngineGroup(node_comm, range(engine.size), "job.h", engine=engine)
         group.all_reduce(x, "max")    # engine.all_reduce(x, int(ReduceOp.MAX), False)
     """
-
-    # ---- collectives: GroupCore's conversions, then the engine (docstrings: shmcomm.collectives)
-    def all_reduce(self, array, op=ReduceOp.SUM, async_op=False):
-        return self._engine.all_reduce(array, op_code(op), bool(async_op))
-
-    def broadcast(self, array, src, async_op=False):
-        return self._engine.broadcast(array, _rank_arg(src, "src"), bool(async_op))
-
-    def reduce(self, array, dst, op=ReduceOp.SUM, async_op=False):
-        return self._engine.reduce(array, _rank_arg(dst, "dst"), op_code(op), bool(async_op))
-
-    def all_gather(self, output_list, array, async_op=False):
-        return self._engine.all_gather(list(output_list), array, bool(async_op))
-
-    def all_gather_into(self, output, array, async_op=False):
-        return self._engine.all_gather_into(output, array, bool(async_op))
-
-    def gather(self, array, gather_list=None, dst=0, async_op=False):
-        outs = None if gather_list is None else list(gather_list)
-        return self._engine.gather(array, outs, _rank_arg(dst, "dst"), bool(async_op))
-
-    def scatter(self, array, scatter_list=None, src=0, async_op=False):
-        ins = None if scatter_list is None else list(scatter_list)
-        return self._engine.scatter(array, ins, _rank_arg(src, "src"), bool(async_op))
-
-    def reduce_scatter(self, output, input_list, op=ReduceOp.SUM, async_op=False):
-        return self._engine.reduce_scatter(output, list(input_list), op_code(op), bool(async_op))
-
-    def reduce_scatter_into(self, output, input, op=ReduceOp.SUM, async_op=False):
-        return self._engine.reduce_scatter_into(output, input, op_code(op), bool(async_op))
-
-    def all_to_all(self, output_list, input_list, async_op=False):
-        return self._engine.all_to_all(list(output_list), list(input_list), bool(async_op))
-
-    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None,
-                          async_op=False):
-        return self._engine.all_to_all_single(
-            output, input, _core.rows_to_elements(output, output_split_sizes, "output_split_sizes"),
-            _core.rows_to_elements(input, input_split_sizes, "input_split_sizes"), bool(async_op))
-
-    def all_gather_v(self, output, array, counts, displs=None, async_op=False):
-        return self._engine.all_gather_v(output, array, counts, displs, bool(async_op))
-
-    def gather_v(self, array, output=None, counts=None, displs=None, dst=0, async_op=False):
-        return self._engine.gather_v(array, output, counts, displs, _rank_arg(dst, "dst"), bool(async_op))
-
-    def scatter_v(self, output, input=None, counts=None, displs=None, src=0, async_op=False):
-        return self._engine.scatter_v(output, input, counts, displs, _rank_arg(src, "src"), bool(async_op))
-
-    def reduce_scatter_v(self, output, input, counts, op=ReduceOp.SUM, async_op=False):
-        return self._engine.reduce_scatter_v(output, input, counts, op_code(op), bool(async_op))
-
-    def barrier(self, async_op=False):
-        return self._engine.barrier(bool(async_op))
 
     # point to point: the engine's own (GroupCore's goes through the node's P2PEngine)
     def isend(self, array, dst, tag=0):
@@ -499,6 +372,54 @@ class EngineGroup(ProcessGroup):
         work = self.irecv(array, src, tag)
         work.wait()
         return work.source_rank()
+
+
+# How GroupCore converts each argument of a collective before its Communicator sees it, by
+# parameter name (group_core.pxi); any other argument goes to the engine as given. EngineGroup's
+# collectives are made from this table, so an engine written in Python gets what a Communicator
+# gets, and a new collective kind needs no code here.
+_ENGINE_ARGUMENTS = {
+    "op": "op_code(op)",
+    "src": "_rank_arg(src, 'src')",
+    "dst": "_rank_arg(dst, 'dst')",
+    "async_op": "bool(async_op)",
+    "output_list": "list(output_list)",
+    "input_list": "list(input_list)",
+    "gather_list": "None if gather_list is None else list(gather_list)",
+    "scatter_list": "None if scatter_list is None else list(scatter_list)",
+    "output_split_sizes": "_core.rows_to_elements(output, output_split_sizes, 'output_split_sizes')",
+    "input_split_sizes": "_core.rows_to_elements(input, input_split_sizes, 'input_split_sizes')",
+}
+
+
+def _engine_call(name: str) -> Callable[..., Any]:
+    """``EngineGroup``'s collective ``name``: ``GroupCore``'s signature and text, the arguments
+    converted by ``_ENGINE_ARGUMENTS``, then ``self._engine``'s call of that name. Written as
+    source and compiled once (as ``dataclasses`` writes ``__init__``), so that it costs what a
+    hand-written method would.
+
+    Example::
+
+        _engine_call("reduce")   # def reduce(self, array, dst, op=..., async_op=...):
+                                 #     return self._engine.reduce(array, _rank_arg(dst, 'dst'),
+                                 #                                op_code(op), bool(async_op))
+    """
+    core = getattr(_core.GroupCore, name)
+    params = list(inspect.signature(core).parameters.values())[1:]  # after self
+    passed = ", ".join(_ENGINE_ARGUMENTS.get(p.name, p.name) for p in params)
+    source = (f"def {name}(self, {', '.join(p.name for p in params)}):\n"
+              f"    return self._engine.{name}({passed})\n")
+    namespace: dict[str, Any] = {"op_code": op_code, "_rank_arg": _rank_arg, "_core": _core}
+    exec(compile(source, f"<EngineGroup.{name}>", "exec"), namespace)  # noqa: S102 - our own text
+    call = namespace[name]
+    call.__defaults__ = tuple(p.default for p in params if p.default is not p.empty) or None
+    call.__qualname__, call.__module__ = f"EngineGroup.{name}", __name__  # text: shmcomm.collectives
+    return call
+
+
+for _name in ENGINE_CALLS:
+    setattr(EngineGroup, _name, _engine_call(_name))
+del _name
 
 
 def _partner_arg(rank: int | None, name: str, size: int, allow_any: bool) -> None:

@@ -8,31 +8,11 @@
 from cpython.ref cimport PyObject, Py_DECREF, Py_INCREF
 from libc.stdlib cimport calloc, free
 
-# ---- kinds: descriptor word 0 (each kind's name, fields and runner: registry.pxi) ----------------
-cdef enum:
-    K_BARRIER = 1
-    K_ALL_REDUCE
-    K_BROADCAST
-    K_REDUCE
-    K_ALL_GATHER
-    K_GATHER
-    K_SCATTER
-    K_REDUCE_SCATTER
-    K_ALL_TO_ALL
-    K_ALL_TO_ALL_V
-    K_ALLOC
-    K_PYTHON          # a Python callable run in issue order (composite ops of the torch adapter)
-    K_ALL_GATHER_V    # the uneven forms (coll/uneven.pxi)
-    K_GATHER_V
-    K_SCATTER_V
-    K_REDUCE_SCATTER_V
-    K_COUNT           # one past the last kind
-
 # ---- the descriptor a rank publishes with a step (shm_cb_t.desc, 8 words) ---------------------
 # Words 0-4 are compared across ranks (a mismatch raises on every rank); words 5-7 carry what the
 # kind needs besides, each named here with the kinds that use it (never two meanings in one call).
 cdef enum:
-    D_KIND = 0, D_DTYPE = 1, D_NBYTES = 2, D_ROOT = 3, D_OP = 4  # D_KIND's upper half: the step tag
+    D_KIND = 0, D_DTYPE = 1, D_NBYTES = 2, D_ROOT = 3, D_OP = 4  # D_KIND: the kind code (registry.pxi), its upper half the step tag
     D_BATCH = 5           # small reductions: how many calls this rank runs in this step
     D_HEAP = 5            # zero copy (large reductions): the sc.empty heap holding the array
     D_HEAP_OFF = 6        #   and the array's offset in it
@@ -42,24 +22,6 @@ cdef enum:
     D_ALLOC_FAILED = 5    # K_ALLOC (sc.empty): rank 0 could not make the heap
     D_ALLOC_FREE = 6      #   and how many bytes /dev/shm had free
     D_ALLOC_NONCE = 7     #   the heap's nonce, rank 0's, which the others check
-
-
-cdef str describe_call(const uint64_t *d):
-    """One rank's descriptor as text: ``all_reduce(dtype=float32, nbytes=16, op=SUM)``."""
-    cdef uint64_t kind = capi.shm_desc_kind(d[D_KIND])  # (its upper half is the step tag)
-    if not 0 < kind < K_COUNT:
-        return f"kind {kind}(dtype={d[D_DTYPE]}, nbytes={d[D_NBYTES]}, root={d[D_ROOT]}, op={d[D_OP]})"
-    name, fields = _KIND_ROWS[kind].name.decode(), _KIND_ROWS[kind].fields.decode()
-    args = []
-    if "d" in fields:
-        args.append(f"dtype={DTYPE_NAMES[d[D_DTYPE]] if d[D_DTYPE] < len(DTYPE_NAMES) else d[D_DTYPE]}")
-    if "n" in fields:
-        args.append(f"nbytes={d[D_NBYTES]}")
-    if "r" in fields:
-        args.append(f"root={d[D_ROOT]}")
-    if "o" in fields:
-        args.append(f"op={OP_NAMES[d[D_OP]] if d[D_OP] < len(OP_NAMES) else d[D_OP]}")
-    return f"{name}({', '.join(args)})"
 
 
 ctypedef struct op_t:
@@ -79,6 +41,7 @@ ctypedef struct op_t:
     uint64_t heap          # sc.empty heap holding ptr (0: none), its offset there and its stride
     uint64_t heap_off
     size_t heap_stride
+    const char *fill       # exscan's rank 0: one element of the op's identity (NULL: none)
     bint uniform           # all_to_all: equal pieces
     bint overlap           # all_to_all_single: output and input overlap (in place)
     uint32_t state         # SHM_OP_* bits (shm_engine.h): DONE once results are in place,

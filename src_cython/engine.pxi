@@ -761,27 +761,17 @@ cdef class Communicator:
         call.o.kind = K_BARRIER
         return _go(self, call, None, [])
 
+    cpdef scan(self, array, int op=SHM_SUM, bint async_op=False):
+        return self._prefix(array, op, async_op, False)
 
-cdef const char *_kind_cname(int kind) noexcept nogil:
-    """The op's name as a C string, for error messages (static storage: no GIL needed)."""
-    if 0 < kind < K_COUNT:
-        return _KIND_ROWS[kind].name
-    return b"operation"
+    cpdef exscan(self, array, int op=SHM_SUM, bint async_op=False):
+        return self._prefix(array, op, async_op, True)
 
-
-cdef void _settle_future(op_t *o) noexcept nogil:
-    """Complete the Future handed out for ``o``, with the GIL; called once, by the side whose
-    shm_op_mark saw the other's bit (the completer or Work.get_future).
-    Callbacks run here; an error escaping one (SystemExit included) is logged, never allowed to
-    end the thread that runs the group's ops."""
-    with gil:
-        call = <_Call>o.call  # a reference: unpinning below cannot free it under us
+    cdef _prefix(self, array, int op, bint async_op, bint exclusive):
+        cdef _Call call = _open(self, async_op)
         try:
-            if call.error is not None:
-                call.future.set_exception(call.error)
-            else:
-                call.future.set_result(call.results())
-        except BaseException as exc:  # noqa: BLE001 - see the docstring
-            _fut_log_callback_error(call.future, exc)
-        finally:
-            call.unpin()
+            owners = _prep_scan(self, &call.o, array, op, exclusive)
+        except BaseException:
+            _abandon(self, call)
+            raise
+        return _go(self, call, owners, array, True)

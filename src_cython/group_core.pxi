@@ -195,6 +195,16 @@ cdef class GroupCore:
         """``shmcomm.barrier`` on this group (full text: shmcomm.collectives copies it here)."""
         return self._comm.barrier(async_op)
 
+    cpdef scan(self, array, op=_SUM, bint async_op=False):
+        """``shmcomm.scan`` on this group (full text: shmcomm.collectives copies it here)."""
+        cdef int code = _op_arg(op)
+        return self._comm.scan(array, code, async_op)
+
+    cpdef exscan(self, array, op=_SUM, bint async_op=False):
+        """``shmcomm.exscan`` on this group (full text: shmcomm.collectives copies it here)."""
+        cdef int code = _op_arg(op)
+        return self._comm.exscan(array, code, async_op)
+
     # ---- point to point (blocking; isend/irecv are in ProcessGroup) --------------------------
     cpdef send(self, array, dst, tag=0):
         """``shmcomm.send`` on this group (full text: shmcomm.collectives copies it here)."""
@@ -272,6 +282,14 @@ def reduce_scatter_v(output, input, counts, op=_SUM, group=None, async_op=False)
 
 def barrier(group=None, async_op=False):
     return _resolve(group).barrier(async_op)
+
+
+def scan(array, op=_SUM, group=None, async_op=False):
+    return _resolve(group).scan(array, op, async_op)
+
+
+def exscan(array, op=_SUM, group=None, async_op=False):
+    return _resolve(group).exscan(array, op, async_op)
 
 
 def send(array, dst, tag=0, group=None):

@@ -340,3 +340,21 @@ cdef _stop_thread(Communicator self):
     if thread is not threading.current_thread():
         thread.join()
     self.thread = None
+
+
+cdef void _settle_future(op_t *o) noexcept nogil:
+    """Complete the Future handed out for ``o``, with the GIL; called once, by the side whose
+    shm_op_mark saw the other's bit (the completer or Work.get_future).
+    Callbacks run here; an error escaping one (SystemExit included) is logged, never allowed to
+    end the thread that runs the group's ops."""
+    with gil:
+        call = <_Call>o.call  # a reference: unpinning below cannot free it under us
+        try:
+            if call.error is not None:
+                call.future.set_exception(call.error)
+            else:
+                call.future.set_result(call.results())
+        except BaseException as exc:  # noqa: BLE001 - see the docstring
+            _fut_log_callback_error(call.future, exc)
+        finally:
+            call.unpin()

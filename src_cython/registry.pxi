@@ -1,11 +1,38 @@
-# The registry of collective kinds: one row per kind, the one place its name (for errors and the
-# mismatch text), the fields its descriptor carries (compared across ranks and shown on a
-# mismatch: "d"type, "n"bytes, "r"oot, "o"p) and its route are written: the flat runner, how
-# its queued calls batch, and the entry point through which compositions (add_route) may serve
-# it. The kind codes are the enum in calls.pxi (descriptor word 0); dispatch (queue.pxi's
-# _exec, _run_queued), the entry points (engine.pxi, via _route), _kind_cname and describe_call
-# read these rows. The flat paths' size thresholds are the Communicator's (engine.pxi, "path
-# choice: one place"). Included last: the runners are defined in the coll/*.pxi files.
+# The registry of collective kinds: one row per kind, the one place its code (descriptor word 0),
+# its name (for errors and the mismatch text), the fields its descriptor carries (compared across
+# ranks and shown on a mismatch: "d"type, "n"bytes, "r"oot, "o"p) and its route are written: the
+# flat runner, how its queued calls batch, and the entry point through which compositions
+# (add_route) may serve it. Dispatch (queue.pxi's _exec, _run_queued), the entry points
+# (engine.pxi, via _route), _kind_cname and describe_call read these rows. The flat paths' size
+# thresholds are the Communicator's (engine.pxi, "path choice: one place").
+#
+# Included before the engine (whose route cache is sized by K_COUNT); the runners the rows name
+# are defined in the coll/*.pxi files, later (a row takes a runner's address, never calls it).
+#
+# A new collective kind: its code and row here, its arguments and runner in its family's coll/
+# file, its Communicator entry point (engine.pxi), its GroupCore method and module function
+# (group_core.pxi), their types (shmcomm/_core.pyi). docs/concepts.rst, "Adding to it".
+
+cdef enum:
+    K_BARRIER = 1
+    K_ALL_REDUCE
+    K_BROADCAST
+    K_REDUCE
+    K_ALL_GATHER
+    K_GATHER
+    K_SCATTER
+    K_REDUCE_SCATTER
+    K_ALL_TO_ALL
+    K_ALL_TO_ALL_V
+    K_ALLOC
+    K_PYTHON          # a Python callable run in issue order (composite ops of the torch adapter)
+    K_ALL_GATHER_V    # the uneven forms (coll/uneven.pxi)
+    K_GATHER_V
+    K_SCATTER_V
+    K_REDUCE_SCATTER_V
+    K_SCAN            # MPI's prefix reductions (coll/scan.pxi)
+    K_EXSCAN
+    K_COUNT           # one past the last kind
 
 ctypedef int (*_runner_t)(Communicator, op_t *) except -1 nogil
 ctypedef int (*_batcher_t)(Communicator, op_t *) noexcept nogil
@@ -53,6 +80,8 @@ _kind(K_ALL_GATHER_V,    "all_gather_v",      "d",    _run_all_to_all)   # the u
 _kind(K_GATHER_V,        "gather_v",          "dr",   _run_all_to_all)   # as all_to_all does
 _kind(K_SCATTER_V,       "scatter_v",         "dr",   _run_all_to_all)   # (coll/uneven.pxi)
 _kind(K_REDUCE_SCATTER_V, "reduce_scatter_v", "do",   _run_reduce_scatter_v)
+_kind(K_SCAN,            "scan",              "dno",  _run_scan)
+_kind(K_EXSCAN,          "exscan",            "dno",  _run_scan)
 _kind(K_ALLOC,           "empty",             "n",    NULL)   # sc.empty / sc.zeros: a step of alloc_shared (heap.pxi)
 _kind(K_PYTHON,          "operation",         "",     NULL)   # a Python callable run in issue order (_exec runs it)
 
@@ -60,6 +89,31 @@ _kind(K_PYTHON,          "operation",         "",     NULL)   # a Python callabl
 cdef inline _batcher_t _batcher(op_t *o) noexcept nogil:
     """The batcher of the queued call ``o``'s kind (NULL: it runs alone)."""
     return _KIND_ROWS[o.kind].batch if 0 < o.kind < K_COUNT else NULL
+
+
+cdef const char *_kind_cname(int kind) noexcept nogil:
+    """The op's name as a C string, for error messages (static storage: no GIL needed)."""
+    if 0 < kind < K_COUNT:
+        return _KIND_ROWS[kind].name
+    return b"operation"
+
+
+cdef str describe_call(const uint64_t *d):
+    """One rank's descriptor as text: ``all_reduce(dtype=float32, nbytes=16, op=SUM)``."""
+    cdef uint64_t kind = capi.shm_desc_kind(d[D_KIND])  # (its upper half is the step tag)
+    if not 0 < kind < K_COUNT:
+        return f"kind {kind}(dtype={d[D_DTYPE]}, nbytes={d[D_NBYTES]}, root={d[D_ROOT]}, op={d[D_OP]})"
+    name, fields = _KIND_ROWS[kind].name.decode(), _KIND_ROWS[kind].fields.decode()
+    args = []
+    if "d" in fields:
+        args.append(f"dtype={DTYPE_NAMES[d[D_DTYPE]] if d[D_DTYPE] < len(DTYPE_NAMES) else d[D_DTYPE]}")
+    if "n" in fields:
+        args.append(f"nbytes={d[D_NBYTES]}")
+    if "r" in fields:
+        args.append(f"root={d[D_ROOT]}")
+    if "o" in fields:
+        args.append(f"op={OP_NAMES[d[D_OP]] if d[D_OP] < len(OP_NAMES) else d[D_OP]}")
+    return f"{name}({', '.join(args)})"
 
 
 # ---- routes: which composition, if any, serves a call --------------------------------------

@@ -173,29 +173,71 @@ def test_multinode_launch_without_torch_fails_at_once():
 
 @pytest.mark.timeout(30)
 def test_every_engine_provides_the_engine_calls_with_compatible_signatures():
-    """One list of the collective calls every engine provides (``shmcomm.group.Engine``): the
-    compiled Communicator (one node) and the hierarchy's HierarchicalComm (several) both have
-    each, with the same parameters in the same order and the same defaults; and the group faces
-    that drive them (the compiled GroupCore, the Python EngineGroup) take the same arguments."""
+    """One list of the collective calls every engine provides (``shmcomm.group.ENGINE_CALLS``,
+    those of ``GroupCore``): the compiled Communicator (one node) and the hierarchy's
+    HierarchicalComm (several) both have each, with the same parameters in the same order and
+    the same defaults; and the group faces that drive them (the compiled GroupCore, the Python
+    EngineGroup) take the same arguments."""
     import inspect
 
     from shmcomm import _core
-    from shmcomm.group import ENGINE_CALLS, Engine, EngineGroup
+    from shmcomm.group import ENGINE_CALLS, EngineGroup
     from shmcomm.hierarchy.compose import HierarchicalComm
 
     def params(fn):
         return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
 
-    assert len(ENGINE_CALLS) == 16 and "all_reduce" in ENGINE_CALLS and "barrier" in ENGINE_CALLS
+    assert len(ENGINE_CALLS) == 18 and {"all_reduce", "barrier", "scan", "exscan"} <= set(ENGINE_CALLS)
+    assert "send" not in ENGINE_CALLS and "recv" not in ENGINE_CALLS
     for name in ENGINE_CALLS:
-        want = params(getattr(Engine, name))
-        for engine in (_core.Communicator, HierarchicalComm):
-            assert params(getattr(engine, name)) == want, (engine.__name__, name)
+        assert params(getattr(HierarchicalComm, name)) == params(getattr(_core.Communicator, name)), name
         # ReduceOp.SUM and 0 are one default (an IntEnum): equal, as the comparison needs
         assert params(getattr(EngineGroup, name)) == params(getattr(_core.GroupCore, name)), name
     for name in ("send", "recv", "isend", "irecv"):
         assert params(getattr(EngineGroup, name)) == params(getattr(sc.ProcessGroup, name)), name
-    assert set(ENGINE_CALLS) | {"send", "recv"} == {n for n in vars(_core.GroupCore) if not n.startswith("_")}
+
+
+@pytest.mark.timeout(30)
+def test_an_engine_group_hands_its_engine_what_a_communicator_gets():
+    """EngineGroup's collectives (made from GroupCore's by parameter name) convert what users
+    pass as GroupCore converts it for its Communicator: op names to codes, ranks checked, lists
+    made lists, row split sizes made element counts, async_op a bool; anything else as given."""
+    from shmcomm.group import EngineGroup
+    from shmcomm.ops import ReduceOp
+
+    calls = []
+
+    class Recorder:
+        def __getattr__(self, name):
+            return lambda *args: calls.append((name, args))
+
+    group = EngineGroup.__new__(EngineGroup)
+    group._engine = Recorder()
+    x, out = np.zeros(4), np.zeros((4, 3))
+    group.reduce(x, 1, "max")
+    group.all_reduce(x, async_op=1)
+    group.gather(x)
+    group.scatter(x, (x, x), src=1)
+    group.all_to_all((x, x), (x, x))
+    group.all_to_all_single(out, out, [1, 3], (2, 2))
+    group.reduce_scatter_v(x, x, [2, 2], op="prod")
+    group.barrier()
+    assert calls == [
+        ("reduce", (x, 1, int(ReduceOp.MAX), False)),
+        ("all_reduce", (x, int(ReduceOp.SUM), True)),
+        ("gather", (x, None, 0, False)),
+        ("scatter", (x, [x, x], 1, False)),
+        ("all_to_all", ([x, x], [x, x], False)),
+        ("all_to_all_single", (out, out, [3, 9], [6, 6], False)),
+        ("reduce_scatter_v", (x, x, [2, 2], int(ReduceOp.PRODUCT), False)),
+        ("barrier", (False,)),
+    ]
+    assert all(type(arg) is not type(ReduceOp.SUM) for _, args in calls for arg in args)  # codes, not enums
+    with pytest.raises(TypeError, match="dst"):
+        group.reduce(x, "one")
+    with pytest.raises(ValueError, match="op"):
+        group.all_reduce(x, "median")
+    assert len(calls) == 8  # a refused call never reaches the engine
 
 
 @pytest.mark.timeout(30)

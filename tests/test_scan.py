@@ -75,3 +75,35 @@ def _torch_and_subgroups(rank, size):
 def test_scan_on_torch_tensors_and_sub_groups():
     pytest.importorskip("torch")
     assert all(run_ranks(_torch_and_subgroups, 3))
+
+
+def _past_the_slots_and_mismatched(rank, size):
+    """Arrays of many slot-sized chunks (SHMCOMM_SLOT_BYTES=4096: ~20 and ~3 chunks), then scan
+    against exscan (refused on every rank, naming both calls; the group stays usable)."""
+    from shmcomm.errors import CollectiveMismatchError
+
+    for dtype, count, op in ((np.dtype(np.float64), 10_001, "SUM"), (np.dtype(np.int8), 9_000, "MAX"),
+                             (np.dtype(np.float32), 3_333, "AVG")):
+        inputs = [make_input(dtype, count, r, salt=5) for r in range(size)]
+        x = inputs[rank].copy()
+        sc.scan(x, op=op)
+        assert_same_bits(x, reduce_reference(inputs[:rank + 1], op), f"scan {dtype} {op} {count}")
+        y = inputs[rank].copy()
+        sc.exscan(y, op=op)
+        want = reduce_reference(inputs[:rank], op) if rank else _identity(inputs[0], op)
+        assert_same_bits(y, want, f"exscan {dtype} {op} {count}")
+    if size > 1:
+        z = np.ones(4)
+        with pytest.raises(CollectiveMismatchError, match=r"(?s)rank 0: scan\(dtype=float64.*rank 1: exscan\(dtype=float64"):
+            (sc.scan if rank == 0 else sc.exscan)(z)
+    w = np.full(3, 1.0 + rank)
+    sc.scan(w)
+    assert (w == (rank + 1) * (rank + 2) / 2).all()
+    return True
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [1, 3])
+def test_scan_past_the_slots_and_scan_against_exscan(world):
+    assert all(run_ranks(_past_the_slots_and_mismatched, world, env={"SHMCOMM_SLOT_BYTES": "4096"},
+                         timeout=100))

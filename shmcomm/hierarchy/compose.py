@@ -1,8 +1,8 @@
 """The collectives of a group across nodes, composed from a shared-memory group per node and the
 links between nodes (``shmcomm.multinode.link``), as Open MPI's HAN and Horovod's hierarchical
 allreduce do. ``HierarchicalComm`` has the compiled ``Communicator``'s signatures (op codes,
-``async_op``, ``factor``: an ``Engine`` of ``shmcomm.group``), so the group and the torch
-backend drive it as they drive one node. One section per collective below, each with its steps.
+``async_op``, ``factor``: an ``Engine``, declared in ``shmcomm/_core.pyi``), so the group and the
+torch backend drive it as they drive one node. One section per collective below, each with its steps.
 
 Every rank gets the same bits: each node reduces its ranks in local order, then the rails combine
 the node results in one order, the same on every rank of a rail. AVG is SUM then one division by
@@ -576,6 +576,34 @@ class HierarchicalComm:
                 o[...] = part
         return self._run(exchange, (), list(output_list), async_op,
                          descriptor("all_to_all", whole_out, nbytes=0))
+
+    # ---- scan and exscan: every rank's array, then each rank's own prefix ---------------------
+    def scan(self, array, op: int = _SUM, async_op: bool = False):
+        """MPI's Scan: rank r's ``array`` = op over ranks 0..r, in rank order."""
+        return self._prefix(array, op, False, async_op)
+
+    def exscan(self, array, op: int = _SUM, async_op: bool = False):
+        """MPI's Exscan: rank r's ``array`` = op over ranks 0..r-1 (rank 0: the op's identity)."""
+        return self._prefix(array, op, True, async_op)
+
+    def _prefix(self, array, op: int, exclusive: bool, async_op: bool):
+        # 1. all_gather every rank's array  2. reduce ranks 0..r-1 (and r's own, scan) in order
+        a = flat(array, writable=True)
+        _check_op(a, op)
+        kind = "exscan" if exclusive else "scan"
+        if op == _PREMUL:
+            raise ValueError(f"{kind} does not take PREMUL_SUM: pass SUM and scale first")
+        n, upto = a.size, self.rank if exclusive else self.rank + 1
+        fill = None if upto else _core.identity_bytes(_core.as_numpy(a, "array")[1], _core.OP_NAMES[op])
+
+        def steps():
+            every = np.empty(n * self.size, a.dtype)
+            self.all_gather_steps(every, a)
+            if upto:
+                _core.reduce_kernel(a, [every[q * n:(q + 1) * n] for q in range(upto)], op)
+            elif fill is not None and n:
+                a.view(np.uint8).reshape(n, -1)[:] = np.frombuffer(fill, np.uint8)
+        return self._run(steps, (), [array], async_op, descriptor(kind, a, op))
 
     # ---- barrier ---------------------------------------------------------------------------
     def barrier(self, async_op: bool = False):

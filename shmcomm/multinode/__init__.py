@@ -7,7 +7,7 @@ One concept per module; arrows point at what a module uses::
     (EngineGroup; register_multinode)       |   |         registered below
                                             |   v
               shmcomm.hierarchy: <------ compose.py     HierarchicalComm: the composed collectives
-              topology.py (hosts,           |             (an Engine of shmcomm.group), numpy inside;
+              topology.py (hosts,           |             (an Engine, _core.pyi), numpy inside;
               nodes, rails, SIMULATE)       |             uneven.py, scratch.py beside it
                                             v
                                          link.py        the Link contract (numpy arrays), the

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
+import shmcomm._core as _core
 from shmcomm.errors import CollectiveMismatchError, PeerFailureError
 
 if TYPE_CHECKING:
@@ -186,8 +187,8 @@ def connect(meeting: Meeting, timeout: float, rails: list[list[int]] | None,
 # A descriptor is what a rank is about to do, as 6 int64: (kind, dtype, bytes, op, root, counts).
 # Ranks compare theirs before any data moves: the composition once per composed call, a link
 # made with ``checked=True`` before each of its collectives.
-KINDS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter",
-         "barrier", "reduce", "all_gather_v", "gather_v", "scatter_v", "reduce_scatter_v")
+# The kinds are the compiled registry's (src_cython/registry.pxi): one list of collective kinds.
+_KIND_CODES = {name: code for code, name in _core.KIND_NAMES.items()}
 _FIELDS = ("kind", "dtype", "nbytes", "op", "root", "counts")
 
 
@@ -221,7 +222,7 @@ def descriptor(kind: str, a: np.ndarray | None = None, op: int = -1, root: int =
     if nbytes is None:
         nbytes = a.nbytes if a is not None else 0
     code = _dtype_code(a.dtype) if a is not None else _dtype_code(dtype) if dtype else 0
-    return np.array([KINDS.index(kind), code, nbytes, op, root, _counts_code(counts)], np.int64)
+    return np.array([_KIND_CODES[kind], code, nbytes, op, root, _counts_code(counts)], np.int64)
 
 
 def check_same(rows: np.ndarray, who: str = "ranks on different nodes", unit: str = "link rank") -> None:
@@ -237,7 +238,7 @@ def check_same(rows: np.ndarray, who: str = "ranks on different nodes", unit: st
     raw = rows.tobytes()  # every row equal, the common case: decided in bytes (a microsecond
     if raw == raw[:len(raw) // len(rows)] * len(rows):  # less than numpy's comparison)
         return
-    from shmcomm._core import DTYPE_NAMES
+    DTYPE_NAMES = _core.DTYPE_NAMES
 
     names = {zlib.crc32(name.encode()): name for name in DTYPE_NAMES}
     names.update({_dtype_code(np.dtype(n)): n for n in DTYPE_NAMES if n != "bfloat16"})
@@ -262,10 +263,10 @@ def _spans(ranks: list[int]) -> str:
 
 
 def _describe(row: list[int], dtype_names: dict[int, str]) -> str:
-    from shmcomm._core import OP_NAMES
+    OP_NAMES = _core.OP_NAMES
 
     kind, dtype, nbytes, op, root, counts = row
-    name = KINDS[kind] if 0 <= kind < len(KINDS) else f"kind {kind}"
+    name = _core.KIND_NAMES.get(kind, f"kind {kind}")
     args = [f"dtype={dtype_names.get(dtype, dtype)}", f"nbytes={nbytes}"]
     if op >= 0:
         args.append(f"op={OP_NAMES[op] if op < len(OP_NAMES) else op}")
