@@ -897,7 +897,7 @@ def scan(array, op=ReduceOp.SUM, group=None, async_op=False):
     """MPI's inclusive prefix reduction, in place: rank r's ``array`` becomes ``op`` over the
     arrays of ranks 0..r (mpi4py's ``comm.Scan``).
 
-    Every dtype and op of ``all_reduce`` but PREMUL_SUM, with its rules (half types accumulate
+    Every dtype and op of ``all_reduce`` but torch's premul_sum, with its rules (half types accumulate
     in float32; AVG divides by the number of ranks reduced, r + 1). Ranks reduce in rank order,
     so rank r's result has the bits ``all_reduce`` over ranks 0..r would give. One step per
     chunk of the group's slots: every rank but the last copies its array into its slot, then
