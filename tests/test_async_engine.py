@@ -107,6 +107,14 @@ def _issue_every_kind(rank, size, n, late_rank):
         expect = np.concatenate([np.arange(rank * n, (rank + 1) * n, dtype=np.float32) + 1000 * q + base
                                  for q in range(size)])
         checks.append((single_out, expect))
+        prefix = np.full(n, rank + 1 + base, np.float64)
+        pace()
+        works.append(sc.scan(prefix, async_op=True))
+        checks.append((prefix, np.full(n, sum(r + 1 + base for r in range(rank + 1)), np.float64)))
+        before = np.full(n, rank + 1, np.int32)
+        pace()
+        works.append(sc.exscan(before, op="max", async_op=True))
+        checks.append((before, np.full(n, rank if rank else np.iinfo(np.int32).min, np.int32)))
         pace()
         works.append(sc.barrier(async_op=True))
     for w in works:
