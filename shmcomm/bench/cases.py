@@ -102,6 +102,8 @@ def peer_skip(backend: str, case: Case) -> str | None:
     if case.collective == "barrier":
         return None  # no data, so no dtype
     if backend == "gloo":
+        if case.collective == "scan":
+            return "torch.distributed has no scan"
         if dt in _GLOO_MISSING:
             return f"torch.distributed gloo has no {dt}"
         if kind == "complex" and case.collective == "gather":

@@ -46,7 +46,7 @@ def _build_case(wk: _Worker, step, variant: str) -> _Case:
     dtype, n, r = dt.storage, wk.size, wk.rank
     ip = variant == "in-place"
     send = recv = None
-    if collective in ("all_reduce", "reduce", "broadcast", "send_recv"):
+    if collective in ("all_reduce", "reduce", "broadcast", "send_recv", "scan"):
         if ip:
             send = recv = wk.alloc(count, dtype)
         else:
@@ -80,6 +80,8 @@ def _build_case(wk: _Worker, step, variant: str) -> _Case:
         pat = lambda q, length: pattern(q, length, dt, op)  # noqa: E731
         if collective == "all_reduce" or (collective == "reduce" and r == root):
             expected = reference(count, n, dt, op)
+        elif collective == "scan":  # ranks 0..r
+            expected = reference(count, r + 1, dt, op)
         elif collective == "broadcast":
             expected = pat(root, count)
         elif collective in ("all_gather",) or (collective == "gather" and r == root):

@@ -91,7 +91,8 @@ def busbw_factor(collective: str, nranks: int) -> float:
     """Bus bandwidth / algorithm bandwidth for ``collective`` on ``nranks`` ranks (as nccl-tests).
 
     ``all_reduce`` moves 2(n-1)/n of the data per rank; all_gather, reduce_scatter, gather,
-    scatter and all_to_all (n-1)/n of the total; broadcast, reduce and send_recv 1; barrier 0::
+    scatter and all_to_all (n-1)/n of the total; broadcast, reduce, send_recv and scan (MPI's
+    prefix reduction, which nccl-tests lacks: each rank's array in, its prefix out) 1; barrier 0::
 
         >>> busbw_factor("all_reduce", 4), busbw_factor("all_gather", 4), busbw_factor("broadcast", 4)
         (1.5, 0.75, 1.0)
@@ -101,7 +102,7 @@ def busbw_factor(collective: str, nranks: int) -> float:
         return 2.0 * (n - 1) / n
     if collective in _PER_RANK:
         return (n - 1) / n
-    if collective in ("broadcast", "reduce", "send_recv"):
+    if collective in ("broadcast", "reduce", "send_recv", "scan"):
         return 1.0
     if collective == "barrier":
         return 0.0

@@ -88,7 +88,7 @@ class _Worker:
 
 def _in_place_only(api_name: str) -> dict:
     return {c: ("out-of-place", f"{c} is in place only in {api_name} (one array is input and output)")
-            for c in ("all_reduce", "broadcast", "reduce")}
+            for c in ("all_reduce", "broadcast", "reduce", "scan")}
 
 
 class _TorchLikeWorker(_Worker):
@@ -135,6 +135,9 @@ class _TorchLikeWorker(_Worker):
             return self._ping_pong(w(send), w(recv), lambda b, d: api.send(b, d), lambda b, s: api.recv(b, s))
         if collective == "barrier":
             return api.barrier
+        if collective == "scan":
+            buf = w(recv)
+            return lambda: api.scan(buf, op=op)
         raise ValueError(collective)
 
     # Both modules spell these the same way.
@@ -283,6 +286,8 @@ class _MpiWorker(_Worker):
             return self._ping_pong(send, recv, lambda b, d: c.Send(b, d), lambda b, s: c.Recv(b, s))
         if collective == "barrier":
             return c.Barrier
+        if collective == "scan":
+            return (lambda: c.Scan(IN_PLACE, recv, op)) if ip else (lambda: c.Scan(send, recv, op))
         raise ValueError(collective)
 
     def versions(self) -> dict:

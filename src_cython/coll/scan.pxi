@@ -5,7 +5,7 @@
 #   slots: per slot-sized chunk, 1. every rank but the last (whose array is in no other rank's
 #       prefix) copies the chunk into its slot (the first step also carries the descriptor);
 #       2. step; 3. rank r reduces the slots of ranks 0..r-1, then (scan) its own chunk, in rank
-#       order, into its array.
+#       order, into its array. Up to 8 bytes ride in the descriptor's line instead of the slot.
 # A slot is written again two chunks later, after the next chunk's step, which a rank reaches
 # only once it has read this chunk. Rank order makes rank r's bits those of all_reduce over
 # ranks 0..r.
@@ -42,7 +42,7 @@ cdef int _run_scan(Communicator c, op_t *o) except -1 nogil:
     cdef uint32_t s
     cdef size_t count = o.count, chunk = c.slot_bytes // itemsize, off = 0, ch  # slots: 4 KiB and up
     cdef char *at
-    cdef bint first = True
+    cdef bint first = True, inlined = o.nbytes <= INLINE_BYTES  # the same on every rank once checked
     if n == 1:  # scan: op over its own array alone (AVG: divided by one, exact); exscan: none
         if upto == 0:
             _fill(o.ptr, o.fill, count * itemsize, itemsize)
@@ -52,8 +52,9 @@ cdef int _run_scan(Communicator c, op_t *o) except -1 nogil:
         ch = min(chunk, count - off)
         at = o.ptr + off * itemsize
         s = c.next_step()
-        if c.rank < n - 1:
-            memcpy(c.slot(c.rank, s), at, ch * itemsize)
+        if c.rank < n - 1:  # (up to 8 bytes ride in the descriptor's line: one line per peer)
+            memcpy(<char *>&c.cb(c.rank).desc[s & 1][D_INLINE] if inlined else c.slot(c.rank, s),
+                   at, ch * itemsize)
         _step(c)
         if first:
             _check_desc(c)
@@ -62,7 +63,7 @@ cdef int _run_scan(Communicator c, op_t *o) except -1 nogil:
             _fill(at, o.fill, ch * itemsize, itemsize)
         elif ch:
             for q in range(upto):
-                c.srcs[q] = c.slot(q, s)
+                c.srcs[q] = <char *>&c.cb(q).desc[s & 1][D_INLINE] if inlined else c.slot(q, s)
             if o.kind == K_SCAN:
                 c.srcs[c.rank] = at
             shm_reduce(at, c.srcs, c.factors, upto, ch, o.dtype, o.op)
