@@ -371,6 +371,12 @@ def rank_main(rank: int, size: int, args) -> dict | None:
                          _measure(groups, rounds, one_round), 1e3, goal))
 
     dist.destroy_process_group()
+    # A gloo worker thread destroys a finished Work (decref'ing its tensors, which takes the GIL)
+    # a little after the Work completed. One still doing so when the interpreter finalizes is
+    # ended inside that destructor and aborts the rank ("terminate called without an active
+    # exception"; gdb: ProcessGroupGloo::runLoop -> ~AsyncBarrierWork -> gil_scoped_acquire ->
+    # PyThread_exit_thread; about 1 run in 30). Let it finish while this rank still runs.
+    time.sleep(0.1)
     if rank != 0:
         return None
     return {"torch": torch.__version__, "world": world, "cpus": os.cpu_count(), "rows": rows,
