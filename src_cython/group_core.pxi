@@ -107,8 +107,8 @@ cdef class GroupCore:
     cdef public Communicator _comm
     cdef public P2PEngine _p2p
     # The engine the group's collectives run on: _comm itself, whose calls the methods below make
-    # (the typed fast path), or another with the same calls (shmcomm.group.Engine: the multi-node
-    # HierarchicalComm), for which EngineGroup overrides every method (shmcomm/group.py).
+    # (the typed fast path), or another with the same calls (an Engine, shmcomm/_core.pyi: the
+    # multi-node HierarchicalComm), for which EngineGroup makes every method anew (shmcomm/group.py).
     cdef public object _engine
 
     cpdef all_reduce(self, array, op=_SUM, bint async_op=False):
