@@ -392,6 +392,9 @@ def _interrupted(rank, size):
         return "late"
     import threading
 
+    # Python's own Ctrl-C, whatever this run inherited: a suite started in the background by a
+    # non-interactive shell ignores SIGINT, and Python then installs no KeyboardInterrupt at all.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
     t0 = time.monotonic()
     with pytest.raises(KeyboardInterrupt):

@@ -352,6 +352,7 @@ def _stopped_mid_copy(rank, size, delay, stderr_file, interrupt=False):
         os.dup2(fd, 2)
         threading.Timer(delay, os.kill, (os.getpid(), signal.SIGSTOP)).start()
     elif interrupt:  # Ctrl-C on rank 0 soon after rank 1 stopped
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as test_errors' Ctrl-C test (SIGINT may be ignored)
         threading.Timer(delay + 0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
     try:
         while True:
