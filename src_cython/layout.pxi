@@ -46,3 +46,30 @@ def _shm_size_bytes():
     except OSError:
         return 2**63 - 1
     return st.f_blocks * st.f_frsize or 2**63 - 1
+
+
+# ---- where in its slot a call's data goes ----------------------------------------------------
+# A call that fills only part of a slot moves along the slot from one use to the next, by the
+# step's number (every rank finds a peer's data at the same place), over the slot's whole size.
+# Writing lines a peer read a call ago first takes them back from the peer's cache (a
+# read-for-ownership answered by the other core); two ranks on the 2-core EPYC VM, all_reduce of
+# 128 KiB: copying 64 KiB into the slot took 9.2 us at a fixed place, 2.1 us moving (the peer's
+# copies have aged out of its cache by the next use), the whole call 25 against 12 us (a C model
+# of the medium path). Small calls stay put: a few lines cost a probe either way, and lines the
+# writer still holds are the cheapest to write.
+cdef size_t SLOT_SHIFT_MIN = 4096
+
+
+cdef inline size_t _slot_shift(Communicator c, uint32_t s, size_t used) noexcept nogil:
+    """Where a call that uses ``used`` bytes of its slot at step ``s`` starts in it: a multiple
+    of ``used`` (rounded up to a page) that advances with each use of the slot; 0 for calls
+    under SLOT_SHIFT_MIN or over half the slot."""
+    cdef size_t u = (used + 4095) & ~(<size_t>4095)
+    if used < SLOT_SHIFT_MIN or 2 * u > c.slot_bytes:
+        return 0
+    return ((s >> 1) % (c.slot_bytes // u)) * u
+
+
+cdef inline char *_slot_at(Communicator c, int r, uint32_t s, size_t used) noexcept nogil:
+    """Rank r's slot of step s, where a call of ``used`` bytes puts its data (_slot_shift)."""
+    return c.slot(r, s) + _slot_shift(c, s, used)

@@ -586,7 +586,9 @@ def _batched_reductions(rank, size, mismatch_at, base):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("world", [2, 3, 4])
 @pytest.mark.parametrize("mismatch_at", [None, 9])
-@pytest.mark.parametrize("base", [1, 6000])  # small (one step) and medium (two steps) calls
+# small (one step) and medium (two steps) calls; 30000 elements fill a quarter of a slot or more,
+# so a batch placed along the slot (layout.pxi's _slot_shift) often has room for its first only
+@pytest.mark.parametrize("base", [1, 6000, 30000])
 def test_reductions_in_flight_run_together_and_stay_in_step(world, mismatch_at, base):
     fused = run_ranks(_batched_reductions, world, mismatch_at, base)
     assert sum(fused) > 0, "no call ran together with another: the test did not exercise batching"

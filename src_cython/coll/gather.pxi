@@ -105,7 +105,7 @@ cdef int _run_gather(Communicator c, op_t *o) except -1 nogil:
     while first or off < nbytes:
         ch = min(c.slot_bytes, nbytes - off)
         s = c.next_step()
-        _slot_copy(c.slot(c.rank, s), inp + off, ch, stream)
+        _slot_copy(_slot_at(c, c.rank, s, ch), inp + off, ch, stream)
         _step(c)
         if first:
             _check_desc(c)
@@ -116,7 +116,7 @@ cdef int _run_gather(Communicator c, op_t *o) except -1 nogil:
                 if q == c.rank:
                     c._out(outs[q] + off, inp + off, ch, nbytes)
                 else:
-                    c._out(outs[q] + off, c.slot(q, s), ch, nbytes)
+                    c._out(outs[q] + off, _slot_at(c, q, s, ch), ch, nbytes)
         off += ch
     return 0
 

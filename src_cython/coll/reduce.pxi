@@ -46,7 +46,7 @@ cdef int _run_reduce(Communicator c, op_t *o) except -1 nogil:
     cdef int n = c.size, q, i, root = o.root, itemsize = o.itemsize, dtype = o.dtype, op = o.op
     cdef uint32_t s
     cdef char *ptr = o.ptr
-    cdef size_t count = o.count, nbytes = o.nbytes, chunk, ch, off = 0, lo, hi
+    cdef size_t count = o.count, nbytes = o.nbytes, chunk, ch, off = 0, lo, hi, sh
     cdef bint wants = root < 0 or root == c.rank
     cdef bint cma, first, stream, single
     cdef uint64_t timer
@@ -93,26 +93,27 @@ cdef int _run_reduce(Communicator c, op_t *o) except -1 nogil:
     while off < count:
         ch = min(chunk, count - off)
         s = c.next_step()
+        sh = _slot_shift(c, s, ch * itemsize)  # both steps' slots, from where step s puts it
         c._slice(ch, c.rank, itemsize, &lo, &hi)
         # Peers need every part of this chunk but this rank's own slice: copy only those.
         stream = _slot_streaming(c, nbytes)
-        _slot_copy(c.slot(c.rank, s), ptr + off * itemsize, lo * itemsize, stream)
-        _slot_copy(c.slot(c.rank, s) + hi * itemsize, ptr + (off + hi) * itemsize, (ch - hi) * itemsize, stream)
+        _slot_copy(c.slot(c.rank, s) + sh, ptr + off * itemsize, lo * itemsize, stream)
+        _slot_copy(c.slot(c.rank, s) + sh + hi * itemsize, ptr + (off + hi) * itemsize, (ch - hi) * itemsize, stream)
         _step(c)
         if first:
             _check_desc(c)
             c._load_factors(o)
             first = False
         for q in range(n):
-            c.srcs[q] = c.slot(q, s) + lo * itemsize
+            c.srcs[q] = c.slot(q, s) + sh + lo * itemsize
         c.srcs[c.rank] = ptr + (off + lo) * itemsize
-        _reduce_to_slot(c, c.slot(c.rank, s + 1) + lo * itemsize, hi - lo, itemsize, dtype, op, stream)
+        _reduce_to_slot(c, c.slot(c.rank, s + 1) + sh + lo * itemsize, hi - lo, itemsize, dtype, op, stream)
         _step(c)
         if wants:
             for i in range(n):
                 q = (c.rank + i) % n
                 c._slice(ch, q, itemsize, &lo, &hi)
-                memcpy(ptr + (off + lo) * itemsize, c.slot(q, s + 1) + lo * itemsize,
+                memcpy(ptr + (off + lo) * itemsize, c.slot(q, s + 1) + sh + lo * itemsize,
                        (hi - lo) * itemsize)
         off += ch
     _tune_timed(c, &c.stores, nbytes, timer)
@@ -199,15 +200,19 @@ cdef void _load_batch_factors(Communicator c, op_t **ops, int j, uint32_t s, siz
                sizeof(double))
 
 
-cdef size_t _pack_headers(Communicator c, op_t **ops, int k, char *mine, size_t *data_off) noexcept nogil:
-    """Lay out k calls in a slot (descriptor before every call but the first, data cache-line
-    aligned); fills data_off and returns the bytes used."""
-    cdef size_t off = 0
+cdef int _pack_headers(Communicator c, op_t **ops, int k, uint32_t s, char *mine, size_t *data_off) noexcept nogil:
+    """Lay out up to k calls in the slot of step s from where the first call's size puts them
+    (_slot_shift; a descriptor before every call but the first, data cache-line aligned); fills
+    data_off (from the slot's start) and returns how many calls fit there (the first always
+    does)."""
+    cdef size_t off = _slot_shift(c, s, _batch_bytes(ops[0], 0))
     cdef uint64_t *d
     cdef int j
     cdef op_t *o
     for j in range(k):
         o = ops[j]
+        if j and off + _batch_bytes(o, j) > c.slot_bytes:
+            return j
         if j:
             d = <uint64_t *>(mine + off)
             d[D_KIND] = o.kind; d[D_DTYPE] = o.dtype; d[D_NBYTES] = o.nbytes
@@ -216,7 +221,7 @@ cdef size_t _pack_headers(Communicator c, op_t **ops, int k, char *mine, size_t 
             off += BATCH_HEADER
         data_off[j] = off
         off += _align_up(o.nbytes, 64)
-    return off
+    return k
 
 
 cdef int _reduce_batch_medium(Communicator c, op_t **ops, int k) except -1 nogil:
@@ -232,7 +237,7 @@ cdef int _reduce_batch_medium(Communicator c, op_t **ops, int k) except -1 nogil
     cdef int j, q, i, m, n = c.size, isz
     cdef bint stream
     cdef op_t *o
-    _pack_headers(c, ops, k, mine, data_off)
+    k = _pack_headers(c, ops, k, s, mine, data_off)
     for j in range(k):
         o = ops[j]
         isz = o.itemsize
@@ -277,7 +282,7 @@ cdef int _reduce_batch(Communicator c, op_t **ops, int k) except -1 nogil:
     cdef int j, q, m, n = c.size
     cdef op_t *o
     cdef bint inlined = ops[0].nbytes <= INLINE_BYTES  # the same on every rank once checked
-    _pack_headers(c, ops, k, mine, data_off)
+    k = _pack_headers(c, ops, k, s, mine, data_off)
     for j in range(1 if inlined else 0, k):
         _slot_copy(mine + data_off[j], ops[j].ptr, ops[j].nbytes, _slot_streaming(c, ops[j].nbytes))
     o = ops[0]

@@ -53,7 +53,7 @@ cdef int _run_scan(Communicator c, op_t *o) except -1 nogil:
         at = o.ptr + off * itemsize
         s = c.next_step()
         if c.rank < n - 1:  # (up to 8 bytes ride in the descriptor's line: one line per peer)
-            memcpy(<char *>&c.cb(c.rank).desc[s & 1][D_INLINE] if inlined else c.slot(c.rank, s),
+            memcpy(<char *>&c.cb(c.rank).desc[s & 1][D_INLINE] if inlined else _slot_at(c, c.rank, s, ch * itemsize),
                    at, ch * itemsize)
         _step(c)
         if first:
@@ -63,7 +63,7 @@ cdef int _run_scan(Communicator c, op_t *o) except -1 nogil:
             _fill(at, o.fill, ch * itemsize, itemsize)
         elif ch:
             for q in range(upto):
-                c.srcs[q] = <char *>&c.cb(q).desc[s & 1][D_INLINE] if inlined else c.slot(q, s)
+                c.srcs[q] = <char *>&c.cb(q).desc[s & 1][D_INLINE] if inlined else _slot_at(c, q, s, ch * itemsize)
             if o.kind == K_SCAN:
                 c.srcs[c.rank] = at
             shm_reduce(at, c.srcs, c.factors, upto, ch, o.dtype, o.op)

@@ -23,7 +23,8 @@ cdef object _prep_scatter(Communicator c, op_t *o, object array, object scatter_
 
 cdef int _run_scatter(Communicator c, op_t *o) except -1 nogil:
     cdef uint32_t s
-    cdef size_t off = 0, ch, nbytes = o.nbytes, cap = (c.slot_bytes // c.size) // 64 * 64
+    cdef size_t off = 0, ch, blk, nbytes = o.nbytes, cap = (c.slot_bytes // c.size) // 64 * 64
+    cdef char *at
     cdef int q, root = o.root
     cdef char *out = o.ptr
     cdef char **ins = o.ins
@@ -40,11 +41,13 @@ cdef int _run_scatter(Communicator c, op_t *o) except -1 nogil:
             return 0
     while first or off < nbytes:
         ch = min(cap, nbytes - off)
+        blk = _align_up(ch, 64)  # rank q's piece at q * blk of the root's slot
         s = c.next_step()
+        at = _slot_at(c, root, s, c.size * blk)
         if c.rank == root:
             for q in range(c.size):
                 if q != root:
-                    memcpy(c.slot(root, s) + q * cap, ins[q] + off, ch)
+                    memcpy(at + q * blk, ins[q] + off, ch)
         _step(c)
         if first:
             _check_desc(c)
@@ -52,6 +55,6 @@ cdef int _run_scatter(Communicator c, op_t *o) except -1 nogil:
         if c.rank == root:
             c._out(out + off, ins[root] + off, ch, nbytes)
         else:
-            c._out(out + off, c.slot(root, s) + c.rank * cap, ch, nbytes)
+            c._out(out + off, at + c.rank * blk, ch, nbytes)
         off += ch
     return 0
