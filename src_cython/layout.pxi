@@ -61,15 +61,33 @@ cdef size_t SLOT_SHIFT_MIN = 4096
 
 
 cdef inline size_t _slot_shift(Communicator c, uint32_t s, size_t used) noexcept nogil:
-    """Where a call that uses ``used`` bytes of its slot at step ``s`` starts in it: a multiple
-    of ``used`` (rounded up to a page) that advances with each use of the slot; 0 for calls
-    under SLOT_SHIFT_MIN or over half the slot."""
+    """Where a call that uses ``used`` bytes of its slot at step ``s`` starts in it (slot_shift)."""
+    return _shift_in_slot(c.slot_bytes, s, used)
+
+
+cdef inline size_t _shift_in_slot(size_t slot_bytes, uint32_t s, size_t used) noexcept nogil:
     cdef size_t u = (used + 4095) & ~(<size_t>4095)
-    if used < SLOT_SHIFT_MIN or 2 * u > c.slot_bytes:
+    if used < SLOT_SHIFT_MIN or 2 * u > slot_bytes:
         return 0
-    return ((s >> 1) % (c.slot_bytes // u)) * u
+    return ((s >> 1) % (slot_bytes // u)) * u
 
 
 cdef inline char *_slot_at(Communicator c, int r, uint32_t s, size_t used) noexcept nogil:
     """Rank r's slot of step s, where a call of ``used`` bytes puts its data (_slot_shift)."""
     return c.slot(r, s) + _slot_shift(c, s, used)
+
+
+def slot_shift(size_t slot_bytes, uint32_t step, size_t used):
+    """Where a call that fills ``used`` bytes of a slot of ``slot_bytes`` starts in it at
+    ``step``: a multiple of ``used`` rounded up to a page, advancing by one each time the slot is
+    used again (slots alternate by step parity, so every second step); 0 under 4 KiB or over
+    half the slot. Every rank computes it from the same step, so each finds its peers' data.
+
+    Example::
+
+        >>> [slot_shift(1 << 20, step, 100_000) for step in range(0, 24, 2)][:11]
+        [0, 102400, 204800, 307200, 409600, 512000, 614400, 716800, 819200, 921600, 0]
+        >>> slot_shift(1 << 20, 7, 2048), slot_shift(1 << 20, 7, 600_000)
+        (0, 0)
+    """
+    return _shift_in_slot(slot_bytes, step, used)
