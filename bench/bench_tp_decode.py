@@ -299,11 +299,20 @@ def main(argv=None) -> int:
 
 def spawn_and_report(rank_main, report, args, threads: int = 1) -> None:
     """Run ``rank_main(rank, size, args)`` on ``args.n`` ranks (sc.spawn, ``threads`` OpenMP
-    threads each) and print ``report(rank 0's result, args)``."""
+    threads each) and print ``report(rank 0's result, args)``; what DeepSpeed's op left in
+    /dev/shm is removed, and said."""
     import shmcomm as sc
+    from shmcomm.bench.peers import deepspeed_leftovers, remove_deepspeed_buffers
 
     os.environ["OMP_NUM_THREADS"] = str(threads)
-    report(sc.spawn(rank_main, args.n, args=(args,))[0], args)
+    before = deepspeed_leftovers()
+    try:
+        result = sc.spawn(rank_main, args.n, args=(args,))[0]
+    finally:  # DeepSpeed's op never removes its /dev/shm buffers, even when a rank failed
+        note = remove_deepspeed_buffers(before)
+    report(result, args)
+    if note:
+        print(f"# {note}")
 
 
 if __name__ == "__main__":

@@ -132,6 +132,28 @@ def deepspeed_leftovers() -> set[str]:
     return set(glob.glob("/dev/shm/deepspeed_*"))
 
 
+def remove_deepspeed_buffers(before: set[str]) -> str | None:
+    """Remove the files DeepSpeed's op left in /dev/shm since ``before`` (deepspeed_leftovers()
+    taken before its run); a sentence saying what was removed, or None if nothing was.
+
+    Example::
+
+        before = deepspeed_leftovers()
+        ...                                    # ranks that call torch.ops.deepspeed ops
+        note = remove_deepspeed_buffers(before)
+    """
+    paths = deepspeed_leftovers() - before
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    if not paths:
+        return None
+    return (f"DeepSpeed's op left {len(paths)} file(s) in /dev/shm (it never removes its buffers); "
+            f"removed: {', '.join(sorted(os.path.basename(p) for p in paths))}")
+
+
 def mpirun() -> str | None:
     """The ``mpirun`` the ``mpi`` backend starts: ``$SHMCOMM_BENCH_MPIRUN``, else the first
     ``mpirun`` or ``mpiexec`` on PATH; None without one.

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from shmcomm.cpus import usable_cores
 from shmcomm.launcher.environment import free_port, threads_per_rank
 
-from .peers import deepspeed_leftovers, deepspeed_missing, intel_mpi, mpirun
+from .peers import deepspeed_leftovers, deepspeed_missing, intel_mpi, mpirun, remove_deepspeed_buffers
 from .cases import Case, peer_skip, steps
 from .common import _MARK, MPI_BACKENDS
 from .turns import Gates
@@ -405,7 +405,9 @@ class _Running:
             if self.job is not None:
                 _remove_leftovers(self.job, result)
             if self._shm_before is not None:
-                _remove_deepspeed_buffers(deepspeed_leftovers() - self._shm_before, result)
+                note = remove_deepspeed_buffers(self._shm_before)
+                if note:
+                    result.warnings.append(note)
 
 
 def _failure_text(backend: str, procs, logs) -> str:
@@ -425,18 +427,6 @@ def _failure_text(backend: str, procs, logs) -> str:
         tail = _tail(logs[0])
         parts.append(tail or "workers ended without a result")
     return "\n".join(parts)
-
-
-def _remove_deepspeed_buffers(paths: set[str], result: BackendResult) -> None:
-    """Remove what DeepSpeed's op left in /dev/shm during its run, and say so in the report."""
-    for path in paths:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-    if paths:
-        result.warnings.append(f"DeepSpeed's op left {len(paths)} file(s) in /dev/shm (it never removes "
-                               f"its buffers); removed: {', '.join(sorted(os.path.basename(p) for p in paths))}")
 
 
 def _remove_leftovers(job: str, result: BackendResult) -> None:
