@@ -49,6 +49,17 @@ cdef inline size_t _batch_bytes(op_t *o, int j) noexcept nogil:
     return (BATCH_HEADER if j else 0) + _align_up(o.nbytes, 64)
 
 
+cdef bint _touches_batch(op_t **batch, int k, op_t *o) noexcept nogil:
+    """Whether ``o``'s array overlaps the array of a call already in the batch: such a call runs
+    after that one, not beside it, so that it reads that call's result (issue order). Batched,
+    three async all_reduces of one array at 2 ranks left 2 or 4 in it instead of 8."""
+    cdef int j
+    for j in range(k):
+        if o.ptr < batch[j].ptr + batch[j].nbytes and batch[j].ptr < o.ptr + o.nbytes:
+            return True
+    return False
+
+
 cdef void _run_queued(Communicator self, op_t *o, bint background) noexcept nogil:
     """Run the queued op ``o`` (claimed from the engine) and, when it is a small reduction,
     the small reductions queued right behind it in the same step; complete what ran and
@@ -64,7 +75,7 @@ cdef void _run_queued(Communicator self, op_t *o, bint background) noexcept nogi
         while k < MAX_BATCH:
             nxt = <op_t *>capi.shm_engine_peek(&self.engine, k)
             if nxt == NULL or _batcher(nxt) != batcher or batcher(self, nxt) != kind \
-                    or _batch_bytes(nxt, k) > room:
+                    or _batch_bytes(nxt, k) > room or _touches_batch(batch, k, nxt):
                 break
             room -= _batch_bytes(nxt, k)
             batch[k] = nxt

@@ -594,6 +594,37 @@ def test_reductions_in_flight_run_together_and_stay_in_step(world, mismatch_at, 
     assert sum(fused) > 0, "no call ran together with another: the test did not exercise batching"
 
 
+def _same_array_in_flight(rank, size, count):
+    """Reductions in flight on one array, between calls on others: each must read the result of
+    the one before it (issue order), as in torch.distributed. They used to run in one batch,
+    each from the array's first values: three all_reduces of ones at 2 ranks left 2 or 4, not 8."""
+    x = np.ones(count, np.float64)
+    others = [np.full(count, float(i)) for i in range(3)]
+    works = []
+    for i in range(3):
+        works.append(sc.all_reduce(x, async_op=True))
+        works.append(sc.all_reduce(others[i], async_op=True))
+    works.append(sc.reduce(x, dst=size - 1, async_op=True))
+    y = x[1:]  # an overlapping view, not the same array
+    works.append(sc.all_reduce(y, op=sc.ReduceOp.MAX, async_op=True))
+    for w in works:
+        w.wait()
+    want = float(size ** 3) * (size if rank == size - 1 else 1)
+    np.testing.assert_array_equal(x[1:], np.full(count - 1, float(size ** 4)))  # the root's, by MAX
+    assert x[0] == want, (x[0], want)
+    for i, o in enumerate(others):
+        assert (o == i * size).all()
+    return float(x[1])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("count", [5, 6000])  # small (one step) and medium (two steps) calls
+def test_reductions_in_flight_on_one_array_run_in_issue_order(world, count):
+    got = run_ranks(_same_array_in_flight, world, count)
+    assert got == [float(world ** 4)] * world  # the MAX of y: the root's n**4 everywhere
+
+
 def _destroy_from_a_callback(rank, size):
     """A Future callback that destroys the group (it runs on whichever thread completes the op,
     the progress thread included): the group goes away cleanly, later calls get a clear error."""
