@@ -3,9 +3,9 @@ slower?
 
 The machine this project is measured on (a 2-core VM) moves between states 2-6x apart every few
 seconds, so two runs one after the other compare the states, not the code. This script builds
-each commit in a worktree of its own (once; later runs reuse it), then launches the same 2-rank
-measurement from each in turn, ``--launches`` times, starting with the other tree every second
-time. Each launch reports, per collective and size, the median of 5 rounds of a tight loop; the
+each commit in a worktree of its own (once; later runs reuse it), then launches the same
+measurement (2 ranks, or ``-n``) from each in turn, ``--launches`` times, starting with the
+other tree every second time. Each launch reports, per collective and size, the median of 5 rounds of a tight loop; the
 table gives the median over launches and every launch's figure, so pairs taken in the same
 state can be read side by side.
 
@@ -32,7 +32,7 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TREES = os.path.join(REPO, "build", "before_after")
 
-# One launch: 2 ranks (sc.spawn), each kind and size timed in a tight loop; rank 0 prints JSON.
+# One launch: N ranks (sc.spawn), each kind and size timed in a tight loop; rank 0 prints JSON.
 LAUNCH = r'''
 import json, statistics, sys, time
 import numpy as np
@@ -78,7 +78,7 @@ def rank(r, world):
     return out
 
 
-print(json.dumps(sc.spawn(rank, 2)[0]))
+print(json.dumps(sc.spawn(rank, int(sys.argv[3]))[0]))
 '''
 
 
@@ -114,9 +114,9 @@ def tree(ref: str | None) -> str:
     return path
 
 
-def launch(path: str, sizes: str, kinds: str) -> dict:
+def launch(path: str, sizes: str, kinds: str, ranks: int = 2) -> dict:
     env = dict(os.environ, PYTHONPATH=path)
-    done = subprocess.run([sys.executable, "-c", LAUNCH, sizes, kinds], env=env, cwd=path,
+    done = subprocess.run([sys.executable, "-c", LAUNCH, sizes, kinds, str(ranks)], env=env, cwd=path,
                           capture_output=True, text=True, timeout=600)
     if done.returncode:
         raise SystemExit(f"a launch from {path} failed:\n{done.stderr[-3000:]}")
@@ -131,14 +131,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kinds", default="all_reduce",
                         help="comma list of all_reduce, broadcast, all_gather, reduce_scatter, barrier")
     parser.add_argument("--launches", type=int, default=6, help="launches of each tree (default 6)")
+    parser.add_argument("-n", "--ranks", type=int, default=2, help="ranks (default 2)")
     args = parser.parse_args(argv)
     sizes = ",".join(str(parse_size(s)) for s in args.sizes.split(","))
     paths = {"before": tree(args.before), "after": tree(args.after)}
     results: dict[str, list[dict]] = {"before": [], "after": []}
     for i in range(args.launches):
         for which in (("before", "after") if i % 2 == 0 else ("after", "before")):
-            results[which].append(launch(paths[which], sizes, args.kinds))
-    print(f"# before {args.before}, after {args.after or 'the working tree'}: 2 ranks, {args.launches} "
+            results[which].append(launch(paths[which], sizes, args.kinds, args.ranks))
+    print(f"# before {args.before}, after {args.after or 'the working tree'}: {args.ranks} ranks, {args.launches} "
           f"alternated launches each; us per call (each launch: the median of 5 rounds)")
     print(f"{'kind':<15}{'bytes':>10}{'before':>10}{'after':>10}{'ratio':>7}  per launch before | after")
     for key in results["before"][0]:
