@@ -30,6 +30,10 @@ import subprocess
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)  # this checkout's shmcomm.bench, for its size parser
+
+from shmcomm.bench.sizes import parse_size  # noqa: E402 - shmcomm-bench's: K/M/G (x1024)
+
 TREES = os.path.join(REPO, "build", "before_after")
 
 # One launch: N ranks (sc.spawn), each kind and size timed in a tight loop; rank 0 prints JSON.
@@ -80,16 +84,6 @@ def rank(r, world):
 
 print(json.dumps(sc.spawn(rank, int(sys.argv[3]))[0]))
 '''
-
-
-def parse_size(text: str) -> int:
-    """``"64K"`` -> 65536; K, M and G are powers of 1024.
-
-    >>> parse_size("128K"), parse_size("8")
-    (131072, 8)
-    """
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
-    return int(text[:-1] if scale > 1 else text) * scale
 
 
 def tree(ref: str | None) -> str:

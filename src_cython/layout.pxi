@@ -60,21 +60,13 @@ def _shm_size_bytes():
 cdef size_t SLOT_SHIFT_MIN = 4096
 
 
-cdef inline size_t _slot_shift(Communicator c, uint32_t s, size_t used) noexcept nogil:
-    """Where a call that uses ``used`` bytes of its slot at step ``s`` starts in it (slot_shift)."""
-    return _shift_in_slot(c.slot_bytes, s, used)
-
-
-cdef inline size_t _shift_in_slot(size_t slot_bytes, uint32_t s, size_t used) noexcept nogil:
-    cdef size_t u = (used + 4095) & ~(<size_t>4095)
+cdef inline size_t _slot_shift(size_t slot_bytes, uint32_t s, size_t used) noexcept nogil:
+    """Where in its slot a call that uses ``used`` bytes of it at step ``s`` starts (slot_shift);
+    callers compute it once per step and add it to every rank's c.slot(q, s)."""
+    cdef size_t u = _align_up(used, 4096)
     if used < SLOT_SHIFT_MIN or 2 * u > slot_bytes:
         return 0
     return ((s >> 1) % (slot_bytes // u)) * u
-
-
-cdef inline char *_slot_at(Communicator c, int r, uint32_t s, size_t used) noexcept nogil:
-    """Rank r's slot of step s, where a call of ``used`` bytes puts its data (_slot_shift)."""
-    return c.slot(r, s) + _slot_shift(c, s, used)
 
 
 def slot_shift(size_t slot_bytes, uint32_t step, size_t used):
@@ -90,4 +82,4 @@ def slot_shift(size_t slot_bytes, uint32_t step, size_t used):
         >>> slot_shift(1 << 20, 7, 2048), slot_shift(1 << 20, 7, 600_000)
         (0, 0)
     """
-    return _shift_in_slot(slot_bytes, step, used)
+    return _slot_shift(slot_bytes, step, used)

@@ -55,7 +55,7 @@ cdef bint _touches_batch(op_t **batch, int k, op_t *o) noexcept nogil:
     three async all_reduces of one array at 2 ranks left 2 or 4 in it instead of 8."""
     cdef int j
     for j in range(k):
-        if o.ptr < batch[j].ptr + batch[j].nbytes and batch[j].ptr < o.ptr + o.nbytes:
+        if _spans_overlap(o.ptr, o.nbytes, batch[j].ptr, batch[j].nbytes):
             return True
     return False
 

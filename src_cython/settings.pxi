@@ -6,6 +6,11 @@ cdef inline size_t _align_up(size_t x, size_t a) noexcept nogil:
     return (x + a - 1) // a * a
 
 
+cdef inline bint _spans_overlap(const char *a, size_t na, const char *b, size_t nb) noexcept nogil:
+    """Whether two byte spans share a byte (an empty one shares none)."""
+    return na != 0 and nb != 0 and a < b + nb and b < a + na
+
+
 _llc_bytes = None
 
 

@@ -105,7 +105,7 @@ cdef int _all_to_all(Communicator c, op_t *o) except -1 nogil:
     cdef int dtype = o.dtype
     cdef uint32_t s
     cdef int q, a, b, n = c.size
-    cdef size_t cap = (c.slot_bytes // n) // 64 * 64, off = 0, most = 0, blk
+    cdef size_t cap = (c.slot_bytes // n) // 64 * 64, off = 0, most = 0, blk, sh
     cdef uint64_t *sizes
     cdef bint first = True, fits
     cdef size_t header = _align_up((2 * n + 1) * sizeof(uint64_t), 64)
@@ -158,16 +158,17 @@ cdef int _all_to_all(Communicator c, op_t *o) except -1 nogil:
     while first or off < most:
         s = c.next_step()
         blk = _align_up(min(cap, most - off), 64)  # every piece's chunk, at q * blk of a slot
+        sh = _slot_shift(c.slot_bytes, s, n * blk)
         for q in range(n):
             if q != c.rank and in_bytes[q] > off:
-                memcpy(_slot_at(c, c.rank, s, n * blk) + q * blk, ins[q] + off, min(cap, in_bytes[q] - off))
+                memcpy(c.slot(c.rank, s) + sh + q * blk, ins[q] + off, min(cap, in_bytes[q] - off))
         _step(c)
         if first:
             _check_desc(c)
             first = False
         for q in range(n):
             if q != c.rank and out_bytes[q] > off:
-                c._out(outs[q] + off, _slot_at(c, q, s, n * blk) + c.rank * blk, min(cap, out_bytes[q] - off),
+                c._out(outs[q] + off, c.slot(q, s) + sh + c.rank * blk, min(cap, out_bytes[q] - off),
                        out_bytes[q])
         off += cap
     return 0

@@ -41,12 +41,12 @@ cdef int _run_broadcast(Communicator c, op_t *o) except -1 nogil:
         ch = min(c.slot_bytes, nbytes - off)
         s = c.next_step()
         if c.rank == root:
-            _slot_copy(_slot_at(c, root, s, ch), ptr + off, ch, stream)
+            _slot_copy(c.slot(root, s) + _slot_shift(c.slot_bytes, s, ch), ptr + off, ch, stream)
         _step(c)
         if first:
             _check_desc(c)
             first = False
         if c.rank != root:
-            c._out(ptr + off, _slot_at(c, root, s, ch), ch, nbytes)
+            c._out(ptr + off, c.slot(root, s) + _slot_shift(c.slot_bytes, s, ch), ch, nbytes)
         off += ch
     return 0

@@ -68,7 +68,7 @@ cdef object _prep_gather_into(Communicator c, op_t *o, object output, object arr
 
 cdef int _run_gather(Communicator c, op_t *o) except -1 nogil:
     cdef uint32_t s
-    cdef size_t off = 0, ch, nbytes = o.nbytes
+    cdef size_t off = 0, ch, sh, nbytes = o.nbytes
     cdef int i, q, n = c.size, root = o.root
     cdef char **outs = o.outs
     cdef char *inp = o.ptr
@@ -105,7 +105,8 @@ cdef int _run_gather(Communicator c, op_t *o) except -1 nogil:
     while first or off < nbytes:
         ch = min(c.slot_bytes, nbytes - off)
         s = c.next_step()
-        _slot_copy(_slot_at(c, c.rank, s, ch), inp + off, ch, stream)
+        sh = _slot_shift(c.slot_bytes, s, ch)
+        _slot_copy(c.slot(c.rank, s) + sh, inp + off, ch, stream)
         _step(c)
         if first:
             _check_desc(c)
@@ -116,7 +117,7 @@ cdef int _run_gather(Communicator c, op_t *o) except -1 nogil:
                 if q == c.rank:
                     c._out(outs[q] + off, inp + off, ch, nbytes)
                 else:
-                    c._out(outs[q] + off, _slot_at(c, q, s, ch), ch, nbytes)
+                    c._out(outs[q] + off, c.slot(q, s) + sh, ch, nbytes)
         off += ch
     return 0
 

@@ -4,10 +4,6 @@
 # for pieces whose sizes the ranks disagree on. Included before the families that use it.
 
 
-cdef bint _spans_overlap(char *a, size_t na, char *b, size_t nb) noexcept:
-    return na != 0 and nb != 0 and a < b + nb and b < a + na
-
-
 cdef list _fill_list(Communicator c, list arrays, int dtype, str argname, bint writable,
                      char **table, size_t *sizes):
     """Point table[q] at arrays[q] (all of ``dtype``) and record its byte size; returns owners."""

@@ -93,7 +93,7 @@ cdef int _run_reduce(Communicator c, op_t *o) except -1 nogil:
     while off < count:
         ch = min(chunk, count - off)
         s = c.next_step()
-        sh = _slot_shift(c, s, ch * itemsize)  # both steps' slots, from where step s puts it
+        sh = _slot_shift(c.slot_bytes, s, ch * itemsize)  # both steps' slots, from where step s puts it
         c._slice(ch, c.rank, itemsize, &lo, &hi)
         # Peers need every part of this chunk but this rank's own slice: copy only those.
         stream = _slot_streaming(c, nbytes)
@@ -205,7 +205,7 @@ cdef int _pack_headers(Communicator c, op_t **ops, int k, uint32_t s, char *mine
     (_slot_shift; a descriptor before every call but the first, data cache-line aligned); fills
     data_off (from the slot's start) and returns how many calls fit there (the first always
     does)."""
-    cdef size_t off = _slot_shift(c, s, _batch_bytes(ops[0], 0))
+    cdef size_t off = _slot_shift(c.slot_bytes, s, _batch_bytes(ops[0], 0))
     cdef uint64_t *d
     cdef int j
     cdef op_t *o

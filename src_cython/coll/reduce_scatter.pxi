@@ -43,7 +43,7 @@ cdef void _set_reduce_scatter(op_t *o, buf_t *out, int op, double factor) noexce
 cdef int _run_reduce_scatter(Communicator c, op_t *o) except -1 nogil:
     cdef uint32_t s
     cdef int q, n = c.size, itemsize = o.itemsize
-    cdef size_t cap = ((c.slot_bytes // n) // 64 * 64) // itemsize, off = 0, ch, blk, count = o.count
+    cdef size_t cap = ((c.slot_bytes // n) // 64 * 64) // itemsize, off = 0, ch, blk, sh, count = o.count
     cdef char **ins = o.ins
     cdef bint first = True
     _set_desc(c, K_REDUCE_SCATTER, o.dtype, count * itemsize, 0, o.op)
@@ -60,9 +60,10 @@ cdef int _run_reduce_scatter(Communicator c, op_t *o) except -1 nogil:
         ch = min(cap, count - off)
         blk = _align_up(ch * itemsize, 64)  # the piece for rank q at q * blk of each slot
         s = c.next_step()
+        sh = _slot_shift(c.slot_bytes, s, n * blk)
         for q in range(n):
             if q != c.rank:
-                memcpy(_slot_at(c, c.rank, s, n * blk) + q * blk, ins[q] + off * itemsize, ch * itemsize)
+                memcpy(c.slot(c.rank, s) + sh + q * blk, ins[q] + off * itemsize, ch * itemsize)
         _step(c)
         if first:
             _check_desc(c)
@@ -72,7 +73,7 @@ cdef int _run_reduce_scatter(Communicator c, op_t *o) except -1 nogil:
             if q == c.rank:
                 c.srcs[q] = ins[q] + off * itemsize
             else:
-                c.srcs[q] = _slot_at(c, q, s, n * blk) + c.rank * blk
+                c.srcs[q] = c.slot(q, s) + sh + c.rank * blk
         shm_reduce(o.ptr + off * itemsize, c.srcs, c.factors, n, ch, o.dtype, o.op)
         off += ch
     return 0

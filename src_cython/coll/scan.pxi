@@ -40,7 +40,7 @@ cdef int _run_scan(Communicator c, op_t *o) except -1 nogil:
     cdef int n = c.size, q, itemsize = o.itemsize
     cdef int upto = c.rank if o.kind == K_EXSCAN else c.rank + 1  # the ranks reduced here
     cdef uint32_t s
-    cdef size_t count = o.count, chunk = c.slot_bytes // itemsize, off = 0, ch  # slots: 4 KiB and up
+    cdef size_t count = o.count, chunk = c.slot_bytes // itemsize, off = 0, ch, sh  # slots: 4 KiB and up
     cdef char *at
     cdef bint first = True, inlined = o.nbytes <= INLINE_BYTES  # the same on every rank once checked
     if n == 1:  # scan: op over its own array alone (AVG: divided by one, exact); exscan: none
@@ -52,8 +52,9 @@ cdef int _run_scan(Communicator c, op_t *o) except -1 nogil:
         ch = min(chunk, count - off)
         at = o.ptr + off * itemsize
         s = c.next_step()
+        sh = _slot_shift(c.slot_bytes, s, ch * itemsize)
         if c.rank < n - 1:  # (up to 8 bytes ride in the descriptor's line: one line per peer)
-            memcpy(<char *>&c.cb(c.rank).desc[s & 1][D_INLINE] if inlined else _slot_at(c, c.rank, s, ch * itemsize),
+            memcpy(<char *>&c.cb(c.rank).desc[s & 1][D_INLINE] if inlined else c.slot(c.rank, s) + sh,
                    at, ch * itemsize)
         _step(c)
         if first:
@@ -63,7 +64,7 @@ cdef int _run_scan(Communicator c, op_t *o) except -1 nogil:
             _fill(at, o.fill, ch * itemsize, itemsize)
         elif ch:
             for q in range(upto):
-                c.srcs[q] = <char *>&c.cb(q).desc[s & 1][D_INLINE] if inlined else _slot_at(c, q, s, ch * itemsize)
+                c.srcs[q] = <char *>&c.cb(q).desc[s & 1][D_INLINE] if inlined else c.slot(q, s) + sh
             if o.kind == K_SCAN:
                 c.srcs[c.rank] = at
             shm_reduce(at, c.srcs, c.factors, upto, ch, o.dtype, o.op)

@@ -43,7 +43,7 @@ cdef int _run_scatter(Communicator c, op_t *o) except -1 nogil:
         ch = min(cap, nbytes - off)
         blk = _align_up(ch, 64)  # rank q's piece at q * blk of the root's slot
         s = c.next_step()
-        at = _slot_at(c, root, s, c.size * blk)
+        at = c.slot(root, s) + _slot_shift(c.slot_bytes, s, c.size * blk)
         if c.rank == root:
             for q in range(c.size):
                 if q != root:
