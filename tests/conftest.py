@@ -28,21 +28,41 @@ def _join_until_the_thread_is_gone(self, timeout=None):
 threading.Thread.join = _join_until_the_thread_is_gone
 
 
-@pytest.fixture(autouse=True, scope="session")
-def nothing_left_in_dev_shm():
+# this user's segments when the suite began; those it left (both in the controller's stash)
+_SEGMENTS_BEFORE = pytest.StashKey[set]()
+_LEAKED = pytest.StashKey[list]()
+
+
+def _is_xdist_worker(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_sessionstart(session):
+    """Note this user's segments before any test runs (in the process that runs them all, or in
+    pytest-xdist's controller, which outlives its workers)."""
+    if not _is_xdist_worker(session.config):
+        session.config.stash[_SEGMENTS_BEFORE] = {s.name for s in segments.list_segments()}
+
+
+def pytest_sessionfinish(session):
     """The whole suite must leave no shmcomm segment of this user in /dev/shm.
 
+    Checked once every test has ended (with pytest-xdist, in the controller after the last worker:
+    a worker checking at its own end would see a segment of a test still running on another).
     Only segments whose owners are all gone count (and are removed): another test session of the
     same user may be running, and its live segments are none of this one's business."""
-    before = {s.name for s in segments.list_segments()}
-    yield
+    if _is_xdist_worker(session.config) or _SEGMENTS_BEFORE not in session.config.stash:
+        return
+    before = session.config.stash[_SEGMENTS_BEFORE]
     leaked = [s.name for s in segments.list_segments() if s.name not in before and s.stale]
     for name in leaked:
         try:
             os.unlink(os.path.join(segments.SHM_DIR, name))
         except OSError:
             pass
-    assert not leaked, f"the test suite left segments in /dev/shm: {leaked}"
+    if leaked:
+        session.config.stash[_LEAKED] = leaked
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -55,6 +75,10 @@ def pytest_terminal_summary(terminalreporter):
         reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
         reason = reason.removeprefix("Skipped: ")
         reasons[reason] = reasons.get(reason, 0) + 1
+    leaked = terminalreporter.config.stash.get(_LEAKED, None)
+    if leaked:
+        terminalreporter.write_sep("=", "FAILED: the test suite left segments in /dev/shm", red=True)
+        terminalreporter.write_line(f"{leaked} (removed now)")
     if reasons:
         terminalreporter.write_sep("=", "skipped, by reason")
         for reason, count in sorted(reasons.items(), key=lambda item: -item[1]):

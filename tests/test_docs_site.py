@@ -25,6 +25,9 @@ pytest.importorskip("shmcomm._core")  # the API pages are generated from the com
 import shmcomm  # noqa: E402
 from shmcomm import rpc  # noqa: E402
 
+# the site is built once, by the one worker that runs this module
+pytestmark = pytest.mark.xdist_group("docs_site")
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 

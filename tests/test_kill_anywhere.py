@@ -151,7 +151,8 @@ def _survivors_fail_fast(procs: list[subprocess.Popen], victim: int, job: str,
     if before is None:
         left = segments.list_segments(job=job)
     else:
-        left = [seg for seg in segments.list_segments() if seg.name not in before]
+        # new since the start, and no live process's (another test's may be running beside)
+        left = [seg for seg in segments.list_segments() if seg.name not in before and seg.stale]
     for seg in left:
         try:
             os.unlink(seg.path)

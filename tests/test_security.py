@@ -25,6 +25,9 @@ import pytest
 import shmcomm as sc
 from shmcomm import segments, trust
 
+# the module's users are made once: two workers would make (and remove) the same ones
+pytestmark = pytest.mark.xdist_group("security")
+
 SHM = segments.SHM_DIR
 
 

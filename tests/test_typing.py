@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.xdist_group("typing")  # one worker, one mypy cache
+
 pytest.importorskip("mypy", reason="mypy is not installed (pip install 'shmcomm[test]')")
 
 ROOT = Path(__file__).resolve().parent.parent
