@@ -5,7 +5,8 @@
 # mpich and mpi4py wheels in .dev/whl, `.dev` excluded from git and named in the run's carry. There,
 # from the checkout root: `bash bench/run_16core.sh`. It installs the wheels (Open MPI under
 # /opt/ompi, MPICH under /opt/mpich), then writes under $OUT, at most 8 files as the tool returns:
-#   machine.txt      cores, CPU, Python, torch; the group settings at 2-32 ranks
+#   machine.txt      cores, CPU, Python, torch; the group settings at 2-32 ranks; bench_sync_model.py
+#                    (flat, recursive doubling or tree for 8-byte all_reduces at 2-16 ranks: issue 45 item 5)
 #   all_reduce.md    bench_scaling.py: all_reduce at 8/16/32 ranks, shmcomm vs Open MPI vs MPICH
 #   zero_copy.txt    all_reduce of 1 and 16 MiB on private and on sc.empty arrays at 8 and 16 ranks;
 #                    then bench_tuning.py (slot stores, single copy or slots) at 2 and 4 ranks
@@ -36,6 +37,8 @@ PY=$(command -v python3)
 cd /tmp  # not the checkout: its shmcomm/ has no core built for this Python
 "$PY" -c "from shmcomm._core import group_settings as g; [print(n, g(n)) for n in (2, 4, 8, 16, 32)]" >> "$O/machine.txt" 2>&1
 stamp installed
+timeout 120 "$PY" "$REPO/bench/bench_sync_model.py" >> "$O/machine.txt" 2>&1
+stamp sync_model
 MPIS=()
 [ -x /opt/ompi/bin/mpirun ] && MPIS+=(--mpi openmpi=/opt/ompi/bin/mpirun)
 [ -x /opt/mpich/bin/mpiexec ] && MPIS+=(--mpi mpich=/opt/mpich/bin/mpiexec)
