@@ -53,8 +53,8 @@ def _run(how: str, script: str, expected: str, **extra: str) -> None:
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **extra)
     # Open MPI's shared memory files (sm_segment.*) go to a directory of this run: Lightning's
     # launcher imports mpi4py where it is installed (its MPI environment check), which starts MPI
-    # in each rank, and those files outlived the ranks in /dev/shm; so did some of Open MPI's mpirun
-    # under accelerate. Never shmcomm's: the suite's check finds none of ours.
+    # in each rank, and those files outlived the ranks in /dev/shm (never shmcomm's: the suite's
+    # check finds none of ours).
     with tempfile.TemporaryDirectory(prefix="framework-ompi-") as ompi_files:
         env.setdefault("OMPI_MCA_btl_sm_backing_directory", ompi_files)
         done = subprocess.run(_launch(how, script), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
