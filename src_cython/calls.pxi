@@ -13,9 +13,10 @@ from libc.stdlib cimport calloc, free
 # kind needs besides, each named here with the kinds that use it (never two meanings in one call).
 cdef enum:
     D_KIND = 0, D_DTYPE = 1, D_NBYTES = 2, D_ROOT = 3, D_OP = 4  # D_KIND: the kind code (registry.pxi), its upper half the step tag
-    D_BATCH = 5           # small reductions: how many calls this rank runs in this step
+    D_BATCH = 5           # small and medium reductions: how many calls this rank runs in this
+                          #   step (low 16 bits), the heap of a call that skipped the slots above
     D_HEAP = 5            # zero copy (large reductions): the sc.empty heap holding the array
-    D_HEAP_OFF = 6        #   and the array's offset in it
+    D_HEAP_OFF = 6        #   and the array's offset in it (small and medium ones too, skipping)
     D_FACTOR = 7          # PREMUL_SUM: this rank's factor (the bits of a double)
     D_INLINE = 6          # one-shot reductions: their first call's data when it fits
                           #   INLINE_BYTES, read with the step's tag (no slot line per peer)

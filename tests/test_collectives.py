@@ -333,16 +333,22 @@ def test_premul_sum_on_every_path(world, env, sizes):
 
 
 def _zero_copy(rank, size):
-    """Arrays from sc.empty take the zero-copy path; mixed with private arrays they still work."""
+    """Arrays from sc.empty take the zero-copy path from 4 KiB (below the single-copy size too,
+    where the one-shot and medium paths serve private arrays); mixed with private arrays, or at
+    another offset on one rank, they still work, through the slots."""
+    comm = default_group()._comm
     for dtype in (np.float32, np.float16, np.int64):
-        for count in (5000, 300_001):
+        for count in (1000, 5000, 300_001):  # float32: 4000 B (one shot), 20000 B (medium at 2 ranks)
             inputs = [make_input(np.dtype(dtype), count, r) for r in range(size)]
+            zero_copy = count * np.dtype(dtype).itemsize >= 4096
             for op in ("SUM", "MAX"):
                 expected = reduce_reference(inputs, op)
                 x = sc.empty(count, dtype)
                 x[:] = inputs[rank]
+                before = comm.zero_copy_calls
                 sc.all_reduce(x, op=sc.ReduceOp[op])
                 assert_same_bits(x, expected, f"zero-copy all_reduce {dtype} {op} {count}")
+                assert comm.zero_copy_calls - before == zero_copy, f"all_reduce {dtype} {count}: wrong path"
                 y = sc.empty(count, dtype)
                 y[:] = inputs[rank]
                 sc.reduce(y, dst=1, op=sc.ReduceOp[op])
@@ -351,15 +357,27 @@ def _zero_copy(rank, size):
             shared = sc.empty(count, dtype)
             z = inputs[rank].copy() if rank == 0 else shared
             z[:] = inputs[rank]
+            before = comm.zero_copy_calls
             sc.all_reduce(z)
             assert_same_bits(z, reduce_reference(inputs, "SUM"), "mixed zero-copy")
+            assert comm.zero_copy_calls == before, "zero copy with one private array"
             # a view at another offset of the shared array on one rank only
             w = sc.empty(count + 1, dtype)
             v = w[1:] if rank == 0 else w[:-1]
             v[:] = inputs[rank]
             sc.all_reduce(v)
             assert_same_bits(v, reduce_reference(inputs, "SUM"), "offset zero-copy")
+            assert comm.zero_copy_calls == before, "zero copy with arrays at different offsets"
             _zero_copy_gather_scatter(rank, size, np.dtype(dtype), count)
+    # private calls queued behind one on a shared array run after it, in order
+    arrays = [make_input(np.dtype(np.float32), 2000, rank, salt=j) for j in range(3)]
+    arrays[1] = sc.empty(2000, np.float32)
+    arrays[1][:] = make_input(np.dtype(np.float32), 2000, rank, salt=1)
+    works = [sc.all_reduce(a, async_op=True) for a in arrays]
+    for j, (a, w) in enumerate(zip(arrays, works)):
+        w.wait()
+        whole = [make_input(np.dtype(np.float32), 2000, r, salt=j) for r in range(size)]
+        assert_same_bits(a, reduce_reference(whole, "SUM"), f"queued all_reduce {j} around a shared one")
     return True
 
 

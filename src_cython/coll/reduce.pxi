@@ -14,7 +14,9 @@
 #       into the next slot; 4. step; 5. copy every rank's reduced slice out.
 #   zero copy (every rank passed an sc.empty array at the same place of one heap): 1. a step with
 #       the descriptor; 2. rank r reduces slice r straight from every array and writes it into
-#       every array that wants it; 3. step.
+#       every array that wants it; 3. step. From ZERO_COPY_MIN_BYTES, also where the small and
+#       medium paths serve the size: an sc.empty array stays out of the slots, and the first step
+#       tells (_heap_route) whether every rank's did alike, else the call runs again through them.
 #   single copy (private arrays, cross-memory attach on, unless rank 0's tuning chose the
 #       pipelined path instead, tuning.pxi): 1. a step publishing array addresses;
 #       2. rank r reduces slice r block by block, reading peers through a cache-sized scratch,
@@ -23,6 +25,11 @@
 
 
 cdef size_t SLOT_STREAM_BLOCK = 8192  # bytes a streamed reduction reduces at a time (L1-sized)
+# sc.empty arrays from this size on skip the slots of the small and medium paths (zero copy: two
+# steps, no copy in or out). Two ranks on the 2-core VM, us per call, zero copy against the
+# slots: 1 KiB 1.10 / 0.90, 2 KiB 1.09 / 1.37, 4 KiB 1.21 / 1.40, 16 KiB 1.91 / 3.27, 64 KiB
+# 3.77 / 7.22 (shmcomm-bench --zero-copy).
+cdef size_t ZERO_COPY_MIN_BYTES = 4096
 
 
 cdef object _prep_reduce(Communicator c, op_t *o, object array, int op, int root, double factor):
@@ -48,7 +55,7 @@ cdef int _run_reduce(Communicator c, op_t *o) except -1 nogil:
     cdef char *ptr = o.ptr
     cdef size_t count = o.count, nbytes = o.nbytes, chunk, ch, off = 0, lo, hi, sh
     cdef bint wants = root < 0 or root == c.rank
-    cdef bint cma, first, stream, single
+    cdef bint cma, first, stream, single, skip
     cdef uint64_t timer
     if n == 1:
         if op == SHM_PREMUL_SUM:  # the only op that changes one rank's values
@@ -57,12 +64,14 @@ cdef int _run_reduce(Communicator c, op_t *o) except -1 nogil:
         return 0
     timer = _tune_timer(c, nbytes)
     if c._one_shot_size(nbytes):
-        _reduce_batch(c, &o, 1)
-        _tune_timed(c, &c.stores, nbytes, timer)
+        skip = _skips_slots(&o, 1)
+        _reduce_batch(c, &o, 1, skip)
+        _tune_timed(c, &c.stores, nbytes, 0 if skip else timer)  # it times calls through the slots
         return 0
     if _medium_size(c, nbytes):
-        _reduce_batch_medium(c, &o, 1)
-        _tune_timed(c, &c.stores, nbytes, timer)
+        skip = _skips_slots(&o, 1)
+        _reduce_batch_medium(c, &o, 1, skip)
+        _tune_timed(c, &c.stores, nbytes, 0 if skip else timer)
         return 0
     _set_desc(c, o.kind, dtype, nbytes, <uint64_t>root, op)
     c._set_factor(o)
@@ -163,20 +172,28 @@ cdef int _batch_class(Communicator c, op_t *o) noexcept nogil:
 cdef int _run_reduce_batch(Communicator c, op_t **ops, int k) except -1 nogil:
     """Run k small (or k medium) reductions together; returns how many are done."""
     cdef uint64_t timer = _tune_timer(c, ops[0].nbytes)
-    cdef int m = _reduce_batch(c, ops, k) if _batch_class(c, ops[0]) == 1 else _reduce_batch_medium(c, ops, k)
+    cdef bint skip = _skips_slots(ops, k)
+    cdef int m = (_reduce_batch(c, ops, k, skip) if _batch_class(c, ops[0]) == 1
+                  else _reduce_batch_medium(c, ops, k, skip))
     _tune_timed(c, &c.stores, ops[0].nbytes, timer)
     return m
 
 
-cdef int _agreed_calls(Communicator c, op_t **ops, int k, uint32_t s, size_t *data_off) except -1 nogil:
+cdef int _agreed_calls(Communicator c, op_t **ops, int k, uint32_t s, size_t *data_off,
+                       bint *skipped) except -1 nogil:
     """After the first step of a batch: the number of calls every rank packed and agrees on (the
-    first call's descriptor is checked by _check_desc; later ones from the slot headers)."""
+    first call's descriptor is checked by _check_desc; later ones from the slot headers), and in
+    ``skipped`` whether a rank left its array out of the slots (_publish_batch)."""
     cdef int j, q, w, m = k
     cdef char *mine = c.slot(c.rank, s)
     cdef uint64_t *theirs
+    cdef uint64_t word, heaps = 0
     _check_desc(c)
     for q in range(c.size):
-        m = min(m, <int>c.cb(q).desc[s & 1][D_BATCH])
+        word = c.cb(q).desc[s & 1][D_BATCH]
+        m = min(m, <int>(word & 0xffff))
+        heaps |= word >> 16
+    skipped[0] = heaps != 0
     for j in range(1, m):
         for q in range(c.size):
             theirs = <uint64_t *>(c.slot(q, s) + data_off[j] - BATCH_HEADER)
@@ -224,21 +241,22 @@ cdef int _pack_headers(Communicator c, op_t **ops, int k, uint32_t s, char *mine
     return k
 
 
-cdef int _reduce_batch_medium(Communicator c, op_t **ops, int k) except -1 nogil:
+cdef int _reduce_batch_medium(Communicator c, op_t **ops, int k, bint skip) except -1 nogil:
     """The medium path for ops[0..k), each within one slot: returns m, how many are done.
     1. every rank copies, for each call, the parts peers reduce into its slot (the counts and the
-       descriptors ride along); 2. step; 3. for the m agreed calls, each rank reduces its slice
-       from every slot (its own from its array) into its next slot; 4. step; 5. ranks that want
-       the results copy every slice out."""
+       descriptors ride along; with ``skip``, _skips_slots, its only call's array stays where it
+       is); 2. step; 3. for the m agreed calls, each rank reduces its slice from every slot (its
+       own from its array) into its next slot; 4. step; 5. ranks that want the results copy every
+       slice out."""
     cdef uint32_t s = c.next_step()
     cdef char *mine = c.slot(c.rank, s)
     cdef size_t data_off[MAX_BATCH]
     cdef size_t lo, hi
     cdef int j, q, i, m, n = c.size, isz
-    cdef bint stream
+    cdef bint stream, skipped
     cdef op_t *o
     k = _pack_headers(c, ops, k, s, mine, data_off)
-    for j in range(k):
+    for j in range(k if not skip else 0):
         o = ops[j]
         isz = o.itemsize
         c._slice(o.count, c.rank, isz, &lo, &hi)
@@ -248,9 +266,11 @@ cdef int _reduce_batch_medium(Communicator c, op_t **ops, int k) except -1 nogil
     o = ops[0]
     _set_desc(c, o.kind, o.dtype, o.nbytes, <uint64_t>o.root, o.op)
     c._set_factor(o)
-    c.cb(c.rank).desc[s & 1][D_BATCH] = k
+    _publish_batch(c, ops, k, s, skip)
     _step(c)
-    m = _agreed_calls(c, ops, k, s, data_off)
+    m = _agreed_calls(c, ops, k, s, data_off, &skipped)
+    if skipped:
+        return _zero_copy_or_again(c, ops[0], _heap_route(c, s), True)
     for j in range(m):
         o = ops[j]
         isz = o.itemsize
@@ -274,25 +294,29 @@ cdef int _reduce_batch_medium(Communicator c, op_t **ops, int k) except -1 nogil
     return m
 
 
-cdef int _reduce_batch(Communicator c, op_t **ops, int k) except -1 nogil:
-    """The small path for ops[0..k): returns m, how many of them are done (see the top)."""
+cdef int _reduce_batch(Communicator c, op_t **ops, int k, bint skip) except -1 nogil:
+    """The small path for ops[0..k): returns m, how many of them are done (see the top; with
+    ``skip``, _skips_slots, the only call's array stays out of the slot)."""
     cdef uint32_t s = c.next_step()
     cdef char *mine = c.slot(c.rank, s)
     cdef size_t data_off[MAX_BATCH]
     cdef int j, q, m, n = c.size
+    cdef bint skipped
     cdef op_t *o
     cdef bint inlined = ops[0].nbytes <= INLINE_BYTES  # the same on every rank once checked
     k = _pack_headers(c, ops, k, s, mine, data_off)
-    for j in range(1 if inlined else 0, k):
+    for j in range(1 if inlined or skip else 0, k):
         _slot_copy(mine + data_off[j], ops[j].ptr, ops[j].nbytes, _slot_streaming(c, ops[j].nbytes))
     o = ops[0]
     _set_desc(c, o.kind, o.dtype, o.nbytes, <uint64_t>o.root, o.op)
     c._set_factor(o)
-    c.cb(c.rank).desc[s & 1][D_BATCH] = k
+    _publish_batch(c, ops, k, s, skip)
     if inlined:  # peers read it with the step's tag, one cache line per peer
         memcpy(&c.cb(c.rank).desc[s & 1][D_INLINE], o.ptr, o.nbytes)
     _step(c)
-    m = _agreed_calls(c, ops, k, s, data_off)
+    m = _agreed_calls(c, ops, k, s, data_off, &skipped)
+    if skipped:
+        return _zero_copy_or_again(c, o, _heap_route(c, s), False)
     for j in range(m):
         o = ops[j]
         if o.root < 0 or o.root == c.rank:
@@ -302,6 +326,50 @@ cdef int _reduce_batch(Communicator c, op_t **ops, int k) except -1 nogil:
             _load_batch_factors(c, ops, j, s, data_off)
             shm_reduce(o.ptr, c.srcs, c.factors, n, o.count, o.dtype, o.op)
     return m
+
+
+cdef inline bint _skips_slots(op_t **ops, int k) noexcept nogil:
+    """Whether a small or medium batch leaves its array out of the slots: only a call that runs
+    alone (sc.empty arrays do, _batch_class) on an sc.empty array of ZERO_COPY_MIN_BYTES or more."""
+    return k == 1 and ops[0].heap != 0 and ops[0].nbytes >= ZERO_COPY_MIN_BYTES
+
+
+cdef inline void _publish_batch(Communicator c, op_t **ops, int k, uint32_t s, bint skip) noexcept nogil:
+    """Descriptor words 5-6 of a small or medium batch's step s: how many calls, and with
+    ``skip`` the heap and offset of the array left out of the slots."""
+    cdef uint64_t *d = c.cb(c.rank).desc[s & 1]
+    d[D_BATCH] = <uint64_t>k | ((ops[0].heap << 16) if skip else 0)
+    if skip:
+        d[D_HEAP_OFF] = ops[0].heap_off
+        c.published = True  # from this step peers may write into the array (zero copy)
+
+
+cdef int _heap_route(Communicator c, uint32_t s) noexcept nogil:
+    """After the first step of a small or medium batch in which some rank left its array out of
+    the slots (_agreed_calls): 1 if every rank left one out at the same place of one heap (zero
+    copy), else 2. Every rank reads the same descriptors, so all take the same way."""
+    cdef uint64_t *mine = c.cb(c.rank).desc[s & 1]
+    cdef uint64_t *theirs
+    cdef int q
+    for q in range(c.size):
+        theirs = c.cb(q).desc[s & 1]
+        if theirs[D_BATCH] >> 16 != mine[D_BATCH] >> 16 or theirs[D_HEAP_OFF] != mine[D_HEAP_OFF]:
+            return 2
+    return 1 if mine[D_BATCH] >> 16 else 2
+
+
+cdef int _zero_copy_or_again(Communicator c, op_t *o, int route, bint medium) except -1 nogil:
+    """A call whose first step found arrays left out of the slots (``_heap_route``: 1 or 2): zero
+    copy, or the same call again through the slots, every rank copying (one step more). Returns
+    1: the call is done (a rank that skipped ran it alone, so the agreed count was 1)."""
+    if route == 1:
+        c._load_factors(o)
+        _reduce_zero_copy(c, o)
+    elif medium:
+        _reduce_batch_medium(c, &o, 1, False)
+    else:
+        _reduce_batch(c, &o, 1, False)
+    return 1
 
 
 cdef void _set_heap_desc(Communicator c, uint64_t heap, uint64_t heap_off) noexcept nogil:
