@@ -369,15 +369,21 @@ def _zero_copy(rank, size):
             assert_same_bits(v, reduce_reference(inputs, "SUM"), "offset zero-copy")
             assert comm.zero_copy_calls == before, "zero copy with arrays at different offsets"
             _zero_copy_gather_scatter(rank, size, np.dtype(dtype), count)
-    # private calls queued behind one on a shared array run after it, in order
-    arrays = [make_input(np.dtype(np.float32), 2000, rank, salt=j) for j in range(3)]
-    arrays[1] = sc.empty(2000, np.float32)
-    arrays[1][:] = make_input(np.dtype(np.float32), 2000, rank, salt=1)
-    works = [sc.all_reduce(a, async_op=True) for a in arrays]
-    for j, (a, w) in enumerate(zip(arrays, works)):
-        w.wait()
-        whole = [make_input(np.dtype(np.float32), 2000, r, salt=j) for r in range(size)]
-        assert_same_bits(a, reduce_reference(whole, "SUM"), f"queued all_reduce {j} around a shared one")
+    # queued calls around one on a shared array, on every rank or on rank 0 only (where the
+    # others batch calls 1 and 2 together while rank 0 runs call 1 alone): all done, in order
+    for everywhere in (True, False):
+        for count in (2000, 6000):  # one shot, medium (at 2 ranks)
+            arrays = [make_input(np.dtype(np.float32), count, rank, salt=j) for j in range(4)]
+            shared = sc.empty(count, np.float32)
+            if everywhere or rank == 0:
+                shared[:] = arrays[1]
+                arrays[1] = shared
+            works = [sc.all_reduce(a, async_op=True) for a in arrays]
+            for j, (a, w) in enumerate(zip(arrays, works)):
+                w.wait()
+                whole = [make_input(np.dtype(np.float32), count, r, salt=j) for r in range(size)]
+                assert_same_bits(a, reduce_reference(whole, "SUM"),
+                                 f"queued all_reduce {j} of {count} around a shared one ({everywhere=})")
     return True
 
 
