@@ -5,13 +5,16 @@ Run:  python bench/bench_torch_ops.py [-n 2] [--sizes 8,1024,16384,65536,262144,
                                       [--dtypes float32,bfloat16] [--rounds 7] [--seconds 0.2]
 
   op          ``torch.ops.shmcomm.all_reduce_(t, "sum", None)`` (native kernel where built)
+  op, shared  the op on a tensor from the group's shared memory (``pg.allocate_tensor``, as a
+              decoder whose projections write into such a buffer would pass): zero copy from 4 KiB
   drop-in     ``shmcomm.torch_ops.all_reduce_(t)`` (eager: the core, no dispatcher)
   sc          ``shmcomm.all_reduce(t)`` on the same tensor, through the numpy-level API
   dist        ``dist.all_reduce(t)`` on the shmcomm backend
   DeepSpeed   ``torch.ops.deepspeed.inference_all_reduce_(t)`` where DeepSpeed is installed
               (``pip install deepspeed``; its bfloat16 kernel needs AVX-512BW)
 
-Rank 0 prints microseconds per call and the ratios the README quotes: op / DeepSpeed and op / sc.
+Rank 0 prints microseconds per call and the ratios the README quotes: op / DeepSpeed, op / sc and
+op, shared / DeepSpeed.
 """
 
 from __future__ import annotations
@@ -68,7 +71,9 @@ def rank_main(rank: int, size: int, args) -> dict | None:
         dtype = getattr(torch, dtype_name)
         for nbytes in [int(b) for b in args.sizes.split(",")]:
             t = torch.ones(max(1, nbytes // dtype.itemsize), dtype=dtype)
+            shared = dist.group.WORLD.allocate_tensor(t.numel(), dtype=dtype)  # collective
             ways = {"op": lambda: torch.ops.shmcomm.all_reduce_(t, "sum", None),
+                    "op, shared": lambda: torch.ops.shmcomm.all_reduce_(shared, "sum", None),
                     "drop-in": lambda: all_reduce_(t),
                     "sc": lambda: sc.all_reduce(t),
                     "dist": lambda: dist.all_reduce(t)}
@@ -78,6 +83,7 @@ def rank_main(rank: int, size: int, args) -> dict | None:
             for _ in range(args.rounds):
                 for name, fn in ways.items():
                     t.fill_(1)
+                    shared.fill_(1)
                     times[name].append(_per_call(fn, args.seconds))
             if rank == 0:
                 rows.append((dtype_name, nbytes, {k: statistics.median(v) for k, v in times.items()}))
@@ -88,14 +94,16 @@ def rank_main(rank: int, size: int, args) -> dict | None:
 def report(result: dict, args) -> None:
     import torch
 
-    names = ["op", "drop-in", "sc", "dist", "DeepSpeed"]
+    names = ["op", "op, shared", "drop-in", "sc", "dist", "DeepSpeed"]
     print(f"torch {torch.__version__}, {args.n} ranks, {os.cpu_count()} CPUs; us per call, medians of "
           f"{args.rounds} alternated rounds")
-    print(f"{'dtype':9} {'bytes':>8} " + " ".join(f"{n:>9}" for n in names) + f" {'op/DS':>7} {'op/sc':>7}")
+    print(f"{'dtype':9} {'bytes':>8} " + " ".join(f"{n:>10}" for n in names)
+          + f" {'op/DS':>7} {'op/sc':>7} {'shared/DS':>9}")
     for dtype, nbytes, med in result["rows"]:
-        cells = " ".join(f"{med[n] * 1e6:9.2f}" if n in med else f"{'-':>9}" for n in names)
+        cells = " ".join(f"{med[n] * 1e6:10.2f}" if n in med else f"{'-':>10}" for n in names)
         ds = f"{med['op'] / med['DeepSpeed']:7.2f}" if "DeepSpeed" in med else f"{'-':>7}"
-        print(f"{dtype:9} {nbytes:8d} {cells} {ds} {med['op'] / med['sc']:7.2f}")
+        shared_ds = f"{med['op, shared'] / med['DeepSpeed']:9.2f}" if "DeepSpeed" in med else f"{'-':>9}"
+        print(f"{dtype:9} {nbytes:8d} {cells} {ds} {med['op'] / med['sc']:7.2f} {shared_ds}")
     for what, note in result["notes"].items():
         print(f"{what}: {note}")
 

@@ -122,6 +122,77 @@ def test_native_kernels_serve_all_reduce_and_its_copying_twin(tmp_path):
         assert copy == [[1.0, 1.0], [1.0, 1.0]] and contiguous
 
 
+def _fake_build_directory(monkeypatch, directory):
+    """native.load() on an empty state, with torch's build directory at ``directory`` and its
+    build replaced by a recorder of the calls (each noting whether torch's lock file was there
+    and whether the build flock was held); returns the list of those calls."""
+    from torch.utils import cpp_extension
+
+    calls = []
+
+    def fake_load(**kwargs):
+        other = os.open(directory / "shmcomm.flock", os.O_RDWR)
+        try:
+            import fcntl
+
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = False
+        except BlockingIOError:
+            held = True
+        finally:
+            os.close(other)
+        calls.append({"lock": (directory / "lock").exists(), "flock held": held})
+
+    directory.mkdir(parents=True, exist_ok=True)
+    monkeypatch.setattr(native, "_STATE", {})
+    monkeypatch.setattr(cpp_extension, "_get_build_directory", lambda name, verbose: str(directory))
+    monkeypatch.setattr(cpp_extension, "load", fake_load)
+    return calls
+
+
+@pytest.mark.timeout(30)
+def test_a_build_lock_left_by_a_killed_build_is_removed_not_waited_for(tmp_path, monkeypatch, capfd):
+    """torch waits for its build lock file for as long as it exists; one left by a build that was
+    killed would hang every later job in init_process_group. shmcomm builds under an flock of its
+    own, so a lock file found while holding it is stale: removed, then the build runs."""
+    directory = tmp_path / "build"
+    calls = _fake_build_directory(monkeypatch, directory)
+    (directory / "lock").write_text("")
+    assert native.load() is True
+    assert calls == [{"lock": False, "flock held": True}]
+    assert "left by a build of the native kernel that was stopped" in capfd.readouterr().err
+
+
+@pytest.mark.timeout(30)
+def test_a_built_kernel_that_does_not_load_is_built_again(tmp_path, monkeypatch):
+    """A library cut short (a build killed while linking) fails to load: built again, under the
+    flock, not used."""
+    directory = tmp_path / "build"
+    calls = _fake_build_directory(monkeypatch, directory)
+    (directory / f"{native._module_name()}.so").write_bytes(b"\x7fELF cut short")
+    assert native.load() is True
+    assert calls == [{"lock": False, "flock held": True}]
+
+
+@pytest.mark.timeout(30)
+def test_a_build_held_too_long_gives_the_python_kernel_not_a_hang(tmp_path, monkeypatch):
+    """Another process holding the build flock past BUILD_WAIT_S (a compiler that hangs): the
+    Python kernel serves, with a warning naming the file; nothing is built."""
+    import fcntl
+
+    directory = tmp_path / "build"
+    calls = _fake_build_directory(monkeypatch, directory)
+    monkeypatch.setattr(native, "BUILD_WAIT_S", 0.3)
+    holder = os.open(directory / "shmcomm.flock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        with pytest.warns(RuntimeWarning, match="shmcomm.flock"):
+            assert native.load() is False
+    finally:
+        os.close(holder)
+    assert calls == [] and "shmcomm.flock" in native.why_not()
+
+
 @pytest.mark.timeout(200)
 def test_without_a_compiler_the_python_kernel_serves_and_says_so_once(tmp_path):
     """A machine without a working C++ compiler (CXX=false, an empty extension cache): the ops

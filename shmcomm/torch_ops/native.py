@@ -7,9 +7,18 @@ less a call, a third of a small all_reduce (``bench/bench_tp_decode.py`` prints 
 It is compiled once per torch build into torch's extension cache (``TORCH_EXTENSIONS_DIR``,
 default ``~/.cache/torch_extensions``), under a name that carries the torch version, its C++ ABI
 and a hash of the source, so an upgraded torch or shmcomm builds its own. The ranks of a job
-share one build (torch's lock on the build directory): the first group of the first job waits
-~20 s for it. Without a C++ compiler or ninja, or with ``SHMCOMM_TORCH_NATIVE=0``, the op runs
-its Python kernel, and a warning says why once.
+share one build: the first group of the first job waits ~20 s for it. Without a C++ compiler or
+ninja, or with ``SHMCOMM_TORCH_NATIVE=0``, the op runs its Python kernel, and a warning says why
+once.
+
+torch's own lock on a build directory is a file made with O_EXCL that later loaders wait for, for
+as long as it exists: a builder killed mid-build (a Ctrl-C on a job's first run, a CI timeout)
+leaves it behind, and every later job on the machine would hang in ``init_process_group``. So a
+built kernel is loaded without torch's lock, and building goes through an flock of shmcomm's on
+a file beside it, which the kernel drops with its holder: whoever holds it is the only shmcomm
+process in torch's build of this name, so a torch lock it finds is stale and is removed. A
+holder that keeps the flock past ``BUILD_WAIT_S`` (a hung compiler) gets the Python kernel, with
+a warning naming the file, rather than a wait without end.
 
 Example::
 
@@ -19,16 +28,19 @@ Example::
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import pathlib
 import sys
+import time
 import warnings
 
 import torch
 
 SOURCE = pathlib.Path(__file__).with_name("all_reduce.cpp")
 _STATE: dict = {}  # "loaded": bool, "why": the reason it is not
+BUILD_WAIT_S = 600.0  # the most a rank waits for another's build (one takes ~20 s, ranks x that loaded)
 
 
 def _module_name() -> str:
@@ -55,11 +67,13 @@ def load() -> bool:
         from torch.utils import cpp_extension
 
         name = _module_name()
-        if not _built(cpp_extension, name):  # the first group on this torch build: say why it waits
-            print(f"shmcomm: building the native kernel of torch.ops.shmcomm.all_reduce_ for torch "
-                  f"{torch.__version__} (once; about 20 s)", file=sys.stderr, flush=True)
-        cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=["-O2"],
-                           is_python_module=False, verbose=False)
+        directory = pathlib.Path(cpp_extension._get_build_directory(name, verbose=False))
+        if not _load_built(directory / f"{name}.so", directory / "lock"):
+            with _build_flock(directory / "shmcomm.flock") as waited:
+                if waited is None:
+                    return _give_up(f"another process held {directory / 'shmcomm.flock'} for "
+                                    f"{BUILD_WAIT_S:.0f} s (a build that hangs?)")
+                _build(cpp_extension, name, directory)
     except Exception as exc:  # noqa: BLE001 - no compiler, no ninja, headers missing: the Python kernel serves
         last_line = (str(exc).strip().splitlines() or [""])[-1]  # a compiler's log ends with the cause
         return _give_up(f"{type(exc).__name__}: {last_line}")
@@ -67,12 +81,58 @@ def load() -> bool:
     return True
 
 
-def _built(cpp_extension, name: str) -> bool:
-    """Whether torch's cache holds the build already (its private layout: True when unsure)."""
+def _load_built(library: pathlib.Path, torch_lock: pathlib.Path) -> bool:
+    """Load a finished build without torch's lock; False where none is (no library, or a build
+    under way or killed: torch's lock file beside it), or it does not load (cut short)."""
+    if torch_lock.exists() or not library.exists():
+        return False
     try:
-        return (pathlib.Path(cpp_extension._get_build_directory(name, verbose=False)) / f"{name}.so").exists()
-    except Exception:  # noqa: BLE001 - only decides whether a message is printed
-        return True
+        torch.ops.load_library(str(library))
+    except OSError:
+        return False
+    return True
+
+
+def _build(cpp_extension, name: str, directory: pathlib.Path) -> None:
+    """torch's build (or its check that the build is current) and load, holding the flock."""
+    torch_lock = directory / "lock"
+    if torch_lock.exists():  # only a holder of the flock makes it: this one's maker is dead
+        print(f"shmcomm: removing {torch_lock}, left by a build of the native kernel that was "
+              f"stopped", file=sys.stderr, flush=True)
+        torch_lock.unlink(missing_ok=True)
+    if not (directory / f"{name}.so").exists():  # the first group on this torch build: say why it waits
+        print(f"shmcomm: building the native kernel of torch.ops.shmcomm.all_reduce_ for torch "
+              f"{torch.__version__} (once; about 20 s)", file=sys.stderr, flush=True)
+    cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=["-O2"],
+                       is_python_module=False, verbose=False)
+
+
+class _build_flock:
+    """``with _build_flock(path) as waited``: hold an exclusive flock on ``path`` (made as needed)
+    for the block; ``waited`` is the seconds it took, None when ``BUILD_WAIT_S`` passed first
+    (then nothing is held)."""
+
+    def __init__(self, path: pathlib.Path) -> None:
+        self.path, self.fd = path, -1
+
+    def __enter__(self) -> float | None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        start = time.monotonic()
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return time.monotonic() - start
+            except BlockingIOError:
+                if time.monotonic() - start > BUILD_WAIT_S:
+                    os.close(self.fd)
+                    self.fd = -1
+                    return None
+                time.sleep(0.05)
+
+    def __exit__(self, *exc) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)  # closing drops the flock
 
 
 def _give_up(why: str, warn: bool = True) -> bool:
