@@ -68,6 +68,8 @@ cdef size_t EAGER_BYTES = 256 << 10         # async ops this large start on the 
 # (16 MiB 5190-7100 / 5490-6890), broadcast 4 MiB 905 / 1857, all_gather 4 MiB 646 / 757.
 # Point to point has one reader per message and keeps it at any size of group.
 cdef int SINGLE_COPY_MAX_RANKS = 4
+cdef enum:
+    MAX_HEAP_BOUNDS = 128  # live sc.empty heaps whose address ranges are kept in C (heap.pxi)
 
 ctypedef int (*_exec_unchecked_t)(Communicator, op_t *) noexcept nogil
 ctypedef int (*_exec_batch_unchecked_t)(Communicator, op_t **, int) noexcept nogil
@@ -127,6 +129,8 @@ cdef class Communicator:
     cdef readonly bint closed
     cdef int heap_count
     cdef list heaps               # (weakref to Segment, heap id, stride) of sc.empty segments
+    cdef uintptr_t heap_bounds[2 * MAX_HEAP_BOUNDS]  # heaps[i]'s part of this rank: [2i, 2i+1) (heap.pxi)
+    cdef int n_heap_bounds        # entries of heap_bounds in use; -1: more heaps, heaps is scanned
     cdef char *scratch            # private cache-sized buffer for single-copy reductions
     cdef size_t scratch_bytes
     cdef char *staging            # kept across calls (no page faults): in-place all_to_all's input copy

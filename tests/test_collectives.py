@@ -387,6 +387,39 @@ def _zero_copy(rank, size):
     return True
 
 
+def _many_heaps(rank, size):
+    """Which heap holds an array is found among many live and dead ones (past the 128 kept in C
+    too): zero copy on a live one's array, never on a private array."""
+    import gc
+
+    comm = default_group()._comm
+
+    def check(array, shared, what):
+        array[:] = rank + 1
+        before = comm.zero_copy_calls
+        sc.all_reduce(array)
+        assert np.all(array == size * (size + 1) // 2), what
+        assert comm.zero_copy_calls - before == shared, what
+
+    keep = [sc.empty(2048, np.float32) for _ in range(20)]
+    del keep[::2]  # dead heaps between live ones
+    gc.collect()
+    check(keep[3], True, "an array of a heap older than dead ones")
+    check(np.empty(2048, np.float32), False, "a private array among dead heaps")
+    newest = sc.empty(2048, np.float32)  # made after the deaths: the dead ones are dropped
+    check(newest, True, "the newest heap's array")
+    keep += [sc.empty(1024, np.float32) for _ in range(130)]  # past the 128 kept in C
+    check(keep[5], True, "an old heap's array, 140 heaps alive")
+    check(keep[-1], True, "the newest of 140 heaps")
+    check(np.empty(2048, np.float32), False, "a private array, 140 heaps alive")
+    return True
+
+
+@pytest.mark.timeout(120)
+def test_arrays_are_found_among_many_live_and_dead_heaps():
+    assert all(run_ranks(_many_heaps, 2))
+
+
 def _zero_copy_gather_scatter(rank, size, dtype, count):
     """all_gather_into with every output from sc.empty, and reduce_scatter_into with every input
     from sc.empty (FSDP2's buffers): in place and not, and falling back when one rank's buffer is
