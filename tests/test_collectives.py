@@ -425,8 +425,11 @@ def _zero_copy_gather_scatter(rank, size, dtype, count):
     from sc.empty (FSDP2's buffers): in place and not, and falling back when one rank's buffer is
     private."""
     comm = default_group()._comm
-    # the size that takes the zero-copy path: all pieces together (each rank writes or reads them)
-    large = count * dtype.itemsize * size >= comm.cma_bytes
+    # the sizes that take the zero-copy path, all pieces together (each rank writes or reads
+    # them): from the single-copy size, or from 4 KiB (all_gather) and 16 KiB (reduce_scatter)
+    # below it, where the first step says where the arrays lie
+    total = count * dtype.itemsize * size
+    large = total >= min(comm.cma_bytes, 4096)
     pieces = [make_input(dtype, count, r, salt=2) for r in range(size)]
     gathered = np.concatenate(pieces)
     for in_place in (True, False):
@@ -456,7 +459,8 @@ def _zero_copy_gather_scatter(rank, size, dtype, count):
             before = comm.zero_copy_calls
             sc.reduce_scatter_into(out, whole, op=sc.ReduceOp[op])
             assert_same_bits(out, full, f"zero-copy reduce_scatter_into {dtype} {op} {in_place=}")
-            assert comm.zero_copy_calls - before == large, "reduce_scatter_into took the wrong path"
+            assert comm.zero_copy_calls - before == (total >= min(comm.cma_bytes, 16384)), \
+                "reduce_scatter_into took the wrong path"
         shared = sc.empty(count * size, dtype)
         whole = wholes[rank].copy() if rank == 0 else shared
         whole[:] = wholes[rank]

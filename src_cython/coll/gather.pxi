@@ -11,7 +11,9 @@
 #       rank writes its input into its piece of every output; 3. step.
 # Calls whose pieces together reach the single-copy size (_address_step_pieces) take the
 # descriptor step of their own (with single copy, it carries the address table too), so every
-# rank picks the same path from what all of them published.
+# rank picks the same path from what all of them published. Below it, from ZERO_COPY_MIN_BYTES
+# (heap.pxi), an all_gather into an sc.empty output skips its first copy into the slots and says
+# where the output lies instead: zero copy if every rank's lies alike, else through the slots.
 
 
 cdef int _split_whole(Communicator c, buf_t *whole, buf_t *piece, str argname, char **table) except -1:
@@ -67,12 +69,11 @@ cdef object _prep_gather_into(Communicator c, op_t *o, object output, object arr
 
 
 cdef int _run_gather(Communicator c, op_t *o) except -1 nogil:
-    cdef uint32_t s
-    cdef size_t off = 0, ch, sh, nbytes = o.nbytes
+    cdef size_t nbytes = o.nbytes
     cdef int i, q, n = c.size, root = o.root
     cdef char **outs = o.outs
     cdef char *inp = o.ptr
-    cdef bint first = True, wants = root < 0 or root == c.rank, cma, stream
+    cdef bint first = True, wants = root < 0 or root == c.rank, cma
     _set_desc(c, o.kind, o.dtype, nbytes, <uint64_t>root, 0)
     if c._single_copy_size(nbytes) and root >= 0:
         first = False
@@ -101,16 +102,37 @@ cdef int _run_gather(Communicator c, op_t *o) except -1 nogil:
             c._out(outs[c.rank], inp, nbytes, nbytes)
             _step(c)
             return 0
-    stream = _slot_streaming(c, nbytes)  # one choice for the whole call
+    return _gather_through_slots(c, o, first, first and root < 0 and o.heap != 0
+                                 and nbytes * <size_t>n >= ZERO_COPY_MIN_BYTES)
+
+
+cdef int _gather_through_slots(Communicator c, op_t *o, bint first, bint skip) except -1 nogil:
+    """The slot path (see the top); ``first``: its first step carries the descriptor. With
+    ``skip`` that step carries where this rank's sc.empty output lies instead of a chunk."""
+    cdef uint32_t s
+    cdef size_t off = 0, ch, sh, nbytes = o.nbytes
+    cdef int i, q, n = c.size, root = o.root
+    cdef char **outs = o.outs
+    cdef char *inp = o.ptr
+    cdef bint wants = root < 0 or root == c.rank
+    cdef bint stream = _slot_streaming(c, nbytes)  # one choice for the whole call
+    if first:
+        _publish_heap(c, 1, o.heap if skip else 0, o.heap_off)
     while first or off < nbytes:
         ch = min(c.slot_bytes, nbytes - off)
         s = c.next_step()
         sh = _slot_shift(c.slot_bytes, s, ch)
-        _slot_copy(c.slot(c.rank, s) + sh, inp + off, ch, stream)
+        if not skip:
+            _slot_copy(c.slot(c.rank, s) + sh, inp + off, ch, stream)
         _step(c)
         if first:
             _check_desc(c)
             first = False
+            if _any_heap(c):
+                if _heap_route(c) == 1:
+                    return _all_gather_zero_copy(c, o)
+                _set_desc(c, o.kind, o.dtype, nbytes, <uint64_t>root, 0)
+                return _gather_through_slots(c, o, True, False)
         if wants:
             for i in range(n):
                 q = (c.rank + i) % n

@@ -25,11 +25,6 @@
 
 
 cdef size_t SLOT_STREAM_BLOCK = 8192  # bytes a streamed reduction reduces at a time (L1-sized)
-# sc.empty arrays from this size on skip the slots of the small and medium paths (zero copy: two
-# steps, no copy in or out). Two ranks on the 2-core VM, us per call, zero copy against the
-# slots: 1 KiB 1.10 / 0.90, 2 KiB 1.09 / 1.37, 4 KiB 1.21 / 1.40, 16 KiB 1.91 / 3.27, 64 KiB
-# 3.77 / 7.22 (shmcomm-bench --zero-copy).
-cdef size_t ZERO_COPY_MIN_BYTES = 4096
 
 
 cdef object _prep_reduce(Communicator c, op_t *o, object array, int op, int root, double factor):
@@ -183,7 +178,7 @@ cdef int _agreed_calls(Communicator c, op_t **ops, int k, uint32_t s, size_t *da
                        bint *skipped) except -1 nogil:
     """After the first step of a batch: the number of calls every rank packed and agrees on (the
     first call's descriptor is checked by _check_desc; later ones from the slot headers), and in
-    ``skipped`` whether a rank left its array out of the slots (_publish_batch)."""
+    ``skipped`` whether a rank left its array out of the slots (_publish_heap)."""
     cdef int j, q, w, m = k
     cdef char *mine = c.slot(c.rank, s)
     cdef uint64_t *theirs
@@ -266,11 +261,11 @@ cdef int _reduce_batch_medium(Communicator c, op_t **ops, int k, bint skip) exce
     o = ops[0]
     _set_desc(c, o.kind, o.dtype, o.nbytes, <uint64_t>o.root, o.op)
     c._set_factor(o)
-    _publish_batch(c, ops, k, s, skip)
+    _publish_heap(c, k, ops[0].heap if skip else 0, ops[0].heap_off)
     _step(c)
     m = _agreed_calls(c, ops, k, s, data_off, &skipped)
     if skipped:
-        return _zero_copy_or_again(c, ops[0], _heap_route(c, s), True)
+        return _zero_copy_or_again(c, ops[0], _heap_route(c), True)
     for j in range(m):
         o = ops[j]
         isz = o.itemsize
@@ -310,13 +305,13 @@ cdef int _reduce_batch(Communicator c, op_t **ops, int k, bint skip) except -1 n
     o = ops[0]
     _set_desc(c, o.kind, o.dtype, o.nbytes, <uint64_t>o.root, o.op)
     c._set_factor(o)
-    _publish_batch(c, ops, k, s, skip)
+    _publish_heap(c, k, ops[0].heap if skip else 0, ops[0].heap_off)
     if inlined:  # peers read it with the step's tag, one cache line per peer
         memcpy(&c.cb(c.rank).desc[s & 1][D_INLINE], o.ptr, o.nbytes)
     _step(c)
     m = _agreed_calls(c, ops, k, s, data_off, &skipped)
     if skipped:
-        return _zero_copy_or_again(c, o, _heap_route(c, s), False)
+        return _zero_copy_or_again(c, o, _heap_route(c), False)
     for j in range(m):
         o = ops[j]
         if o.root < 0 or o.root == c.rank:
@@ -332,30 +327,6 @@ cdef inline bint _skips_slots(op_t **ops, int k) noexcept nogil:
     """Whether a small or medium batch leaves its array out of the slots: only a call that runs
     alone (sc.empty arrays do, _batch_class) on an sc.empty array of ZERO_COPY_MIN_BYTES or more."""
     return k == 1 and ops[0].heap != 0 and ops[0].nbytes >= ZERO_COPY_MIN_BYTES
-
-
-cdef inline void _publish_batch(Communicator c, op_t **ops, int k, uint32_t s, bint skip) noexcept nogil:
-    """Descriptor words 5-6 of a small or medium batch's step s: how many calls, and with
-    ``skip`` the heap and offset of the array left out of the slots."""
-    cdef uint64_t *d = c.cb(c.rank).desc[s & 1]
-    d[D_BATCH] = <uint64_t>k | ((ops[0].heap << 16) if skip else 0)
-    if skip:
-        d[D_HEAP_OFF] = ops[0].heap_off
-        c.published = True  # from this step peers may write into the array (zero copy)
-
-
-cdef int _heap_route(Communicator c, uint32_t s) noexcept nogil:
-    """After the first step of a small or medium batch in which some rank left its array out of
-    the slots (_agreed_calls): 1 if every rank left one out at the same place of one heap (zero
-    copy), else 2. Every rank reads the same descriptors, so all take the same way."""
-    cdef uint64_t *mine = c.cb(c.rank).desc[s & 1]
-    cdef uint64_t *theirs
-    cdef int q
-    for q in range(c.size):
-        theirs = c.cb(q).desc[s & 1]
-        if theirs[D_BATCH] >> 16 != mine[D_BATCH] >> 16 or theirs[D_HEAP_OFF] != mine[D_HEAP_OFF]:
-            return 2
-    return 1 if mine[D_BATCH] >> 16 else 2
 
 
 cdef int _zero_copy_or_again(Communicator c, op_t *o, int route, bint medium) except -1 nogil:

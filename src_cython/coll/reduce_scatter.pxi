@@ -8,6 +8,9 @@
 #       reduces piece r straight from every input into its output; 3. step.
 # Calls whose pieces together reach the single-copy size (_address_step_pieces) take the
 # descriptor step of their own, so every rank picks the same path from what all of them published.
+# Below it, from ZERO_COPY_MIN_SCATTER_BYTES (heap.pxi), an sc.empty input skips the first copy
+# into the slots and says where it lies instead: zero copy if every rank's lies alike, else
+# through the slots.
 
 
 cdef object _prep_reduce_scatter(Communicator c, op_t *o, object output, list input_list, int op,
@@ -41,12 +44,8 @@ cdef void _set_reduce_scatter(op_t *o, buf_t *out, int op, double factor) noexce
 
 
 cdef int _run_reduce_scatter(Communicator c, op_t *o) except -1 nogil:
-    cdef uint32_t s
-    cdef int q, n = c.size, itemsize = o.itemsize
-    cdef size_t cap = ((c.slot_bytes // n) // 64 * 64) // itemsize, off = 0, ch, blk, sh, count = o.count
-    cdef char **ins = o.ins
     cdef bint first = True
-    _set_desc(c, K_REDUCE_SCATTER, o.dtype, count * itemsize, 0, o.op)
+    _set_desc(c, K_REDUCE_SCATTER, o.dtype, o.count * o.itemsize, 0, o.op)
     c._set_factor(o)
     if c._address_step_pieces(o.nbytes):
         _set_heap_desc(c, o.heap, o.heap_off)
@@ -56,12 +55,25 @@ cdef int _run_reduce_scatter(Communicator c, op_t *o) except -1 nogil:
         first = False
         if o.heap and _all_same_heap(c):
             return _reduce_scatter_zero_copy(c, o)
+    return _reduce_scatter_through_slots(c, o, first, first and o.heap != 0
+                                         and o.nbytes * <size_t>c.size >= ZERO_COPY_MIN_SCATTER_BYTES)
+
+
+cdef int _reduce_scatter_through_slots(Communicator c, op_t *o, bint first, bint skip) except -1 nogil:
+    """The slot path (see the top); ``first``: its first step carries the descriptor. With
+    ``skip`` that step carries where this rank's sc.empty input lies instead of a chunk."""
+    cdef uint32_t s
+    cdef int q, n = c.size, itemsize = o.itemsize
+    cdef size_t cap = ((c.slot_bytes // n) // 64 * 64) // itemsize, off = 0, ch, blk, sh, count = o.count
+    cdef char **ins = o.ins
+    if first:
+        _publish_heap(c, 1, o.heap if skip else 0, o.heap_off)
     while first or off < count:
         ch = min(cap, count - off)
         blk = _align_up(ch * itemsize, 64)  # the piece for rank q at q * blk of each slot
         s = c.next_step()
         sh = _slot_shift(c.slot_bytes, s, n * blk)
-        for q in range(n):
+        for q in range(n if not skip else 0):
             if q != c.rank:
                 memcpy(c.slot(c.rank, s) + sh + q * blk, ins[q] + off * itemsize, ch * itemsize)
         _step(c)
@@ -69,6 +81,12 @@ cdef int _run_reduce_scatter(Communicator c, op_t *o) except -1 nogil:
             _check_desc(c)
             c._load_factors(o)
             first = False
+            if _any_heap(c):
+                if _heap_route(c) == 1:
+                    return _reduce_scatter_zero_copy(c, o)
+                _set_desc(c, K_REDUCE_SCATTER, o.dtype, count * itemsize, 0, o.op)
+                c._set_factor(o)
+                return _reduce_scatter_through_slots(c, o, True, False)
         for q in range(n):
             if q == c.rank:
                 c.srcs[q] = ins[q] + off * itemsize
