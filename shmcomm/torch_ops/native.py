@@ -69,8 +69,8 @@ def load() -> bool:
         name = _module_name()
         directory = pathlib.Path(cpp_extension._get_build_directory(name, verbose=False))
         if not _load_built(directory / f"{name}.so", directory / "lock"):
-            with _build_flock(directory / "shmcomm.flock") as waited:
-                if waited is None:
+            with _build_flock(directory / "shmcomm.flock") as held:
+                if not held:
                     return _give_up(f"another process held {directory / 'shmcomm.flock'} for "
                                     f"{BUILD_WAIT_S:.0f} s (a build that hangs?)")
                 _build(cpp_extension, name, directory)
@@ -108,26 +108,25 @@ def _build(cpp_extension, name: str, directory: pathlib.Path) -> None:
 
 
 class _build_flock:
-    """``with _build_flock(path) as waited``: hold an exclusive flock on ``path`` (made as needed)
-    for the block; ``waited`` is the seconds it took, None when ``BUILD_WAIT_S`` passed first
-    (then nothing is held)."""
+    """``with _build_flock(path) as held``: hold an exclusive flock on ``path`` (made as needed)
+    for the block; ``held`` is False when ``BUILD_WAIT_S`` passed first (nothing is held then)."""
 
     def __init__(self, path: pathlib.Path) -> None:
         self.path, self.fd = path, -1
 
-    def __enter__(self) -> float | None:
+    def __enter__(self) -> bool:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         start = time.monotonic()
         while True:
             try:
                 fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return time.monotonic() - start
+                return True
             except BlockingIOError:
                 if time.monotonic() - start > BUILD_WAIT_S:
                     os.close(self.fd)
                     self.fd = -1
-                    return None
+                    return False
                 time.sleep(0.05)
 
     def __exit__(self, *exc) -> None:

@@ -59,12 +59,12 @@ cdef int _run_reduce(Communicator c, op_t *o) except -1 nogil:
         return 0
     timer = _tune_timer(c, nbytes)
     if c._one_shot_size(nbytes):
-        skip = _skips_slots(&o, 1)
+        skip = _skips_slots(o)
         _reduce_batch(c, &o, 1, skip)
         _tune_timed(c, &c.stores, nbytes, 0 if skip else timer)  # it times calls through the slots
         return 0
     if _medium_size(c, nbytes):
-        skip = _skips_slots(&o, 1)
+        skip = _skips_slots(o)
         _reduce_batch_medium(c, &o, 1, skip)
         _tune_timed(c, &c.stores, nbytes, 0 if skip else timer)
         return 0
@@ -167,9 +167,9 @@ cdef int _batch_class(Communicator c, op_t *o) noexcept nogil:
 cdef int _run_reduce_batch(Communicator c, op_t **ops, int k) except -1 nogil:
     """Run k small (or k medium) reductions together; returns how many are done."""
     cdef uint64_t timer = _tune_timer(c, ops[0].nbytes)
-    cdef bint skip = _skips_slots(ops, k)
-    cdef int m = (_reduce_batch(c, ops, k, skip) if _batch_class(c, ops[0]) == 1
-                  else _reduce_batch_medium(c, ops, k, skip))
+    # (sc.empty arrays never batch, _batch_class: none of these calls leaves the slots)
+    cdef int m = (_reduce_batch(c, ops, k, False) if _batch_class(c, ops[0]) == 1
+                  else _reduce_batch_medium(c, ops, k, False))
     _tune_timed(c, &c.stores, ops[0].nbytes, timer)
     return m
 
@@ -178,7 +178,8 @@ cdef int _agreed_calls(Communicator c, op_t **ops, int k, uint32_t s, size_t *da
                        bint *skipped) except -1 nogil:
     """After the first step of a batch: the number of calls every rank packed and agrees on (the
     first call's descriptor is checked by _check_desc; later ones from the slot headers), and in
-    ``skipped`` whether a rank left its array out of the slots (_publish_heap)."""
+    ``skipped`` whether a rank left its array out of the slots: what _any_heap (heap.pxi) tells,
+    found in this pass over the same words rather than a second one on the small calls' path."""
     cdef int j, q, w, m = k
     cdef char *mine = c.slot(c.rank, s)
     cdef uint64_t *theirs
@@ -323,10 +324,10 @@ cdef int _reduce_batch(Communicator c, op_t **ops, int k, bint skip) except -1 n
     return m
 
 
-cdef inline bint _skips_slots(op_t **ops, int k) noexcept nogil:
-    """Whether a small or medium batch leaves its array out of the slots: only a call that runs
-    alone (sc.empty arrays do, _batch_class) on an sc.empty array of ZERO_COPY_MIN_BYTES or more."""
-    return k == 1 and ops[0].heap != 0 and ops[0].nbytes >= ZERO_COPY_MIN_BYTES
+cdef inline bint _skips_slots(op_t *o) noexcept nogil:
+    """Whether a small or medium reduction (one that runs alone: sc.empty arrays never batch,
+    _batch_class) leaves its array out of the slots: from ZERO_COPY_MIN_BYTES."""
+    return o.heap != 0 and o.nbytes >= ZERO_COPY_MIN_BYTES
 
 
 cdef int _zero_copy_or_again(Communicator c, op_t *o, int route, bint medium) except -1 nogil:
