@@ -16,7 +16,7 @@ import weakref
 
 import numpy as np
 
-from libc.stdint cimport int64_t, uint32_t, uint64_t, uintptr_t
+from libc.stdint cimport UINT64_MAX, int64_t, uint32_t, uint64_t, uintptr_t
 cimport capi
 from capi cimport *
 

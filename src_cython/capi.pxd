@@ -34,6 +34,7 @@ cdef extern from "shm_sync.h" nogil:
     int shm_pidfd_open(int pid)
     int shm_pidfd_exited(int pidfd)
     int shm_pidfd_kill(int pidfd, int pid, int sig)
+    uint64_t shm_process_cpu_ns(int pid)
     int shm_cma_read(int pid, void *dst, uint64_t remote, size_t n)
     int shm_cma_write(int pid, const void *src, uint64_t remote, size_t n)
 

@@ -149,28 +149,40 @@ cdef void _withdraw(Communicator self, bint interrupted=False) noexcept nogil:
 # A withdrawal interrupted by Ctrl-C gives a peer that copies nothing this long, not the timeout.
 cdef uint64_t STUCK_AFTER_SIGNAL_NS = 500 * 1000 * 1000
 
+# A holder that keeps running (CPU time) but ends no lease for this many graces is stuck all the
+# same: one chunk is a bounded copy, and no wait may last forever.
+cdef uint64_t RUNNING_GRACES = 10
+
 
 cdef void _await_leases(Communicator self, int q, bint interrupted=False) noexcept nogil:
     """Wait until rank q holds no lease (the copies it has under way ended) or is dead; called
     after this rank withdrew (so q takes no new lease on its memory). A live q ends its lease
-    within one chunk (LEASE_CHUNK). One that ends none for the whole timeout is stopped (SIGSTOP,
-    a debugger, swapped out) and is killed (_end_stuck_peer), so that it cannot write into memory
-    the caller reuses: the policy of NCCL's watchdog, which also tears a stuck process down. A
-    Ctrl-C (``interrupted``: what failed the op; or arriving meanwhile) cuts that grace to
-    STUCK_AFTER_SIGNAL_NS."""
+    within one chunk (LEASE_CHUNK). One that for the whole grace (the timeout) neither ends a
+    lease nor runs at all (its CPU time stands still: SIGSTOP, a debugger, a frozen cgroup) is
+    killed (_end_stuck_peer), so that it cannot write into memory the caller reuses: the policy
+    of NCCL's watchdog, which also tears a stuck process down. One that runs, however slowly (a
+    container's CPU quota, a fresh VM's page faults), is waited for, up to RUNNING_GRACES graces
+    without a lease ended. A Ctrl-C (``interrupted``: what failed the op; or arriving meanwhile)
+    cuts the grace to STUCK_AFTER_SIGNAL_NS."""
     cdef capi.shm_cb_t *peer = self.cb(q)
     cdef uint32_t progress = capi.shm_load_seq_cst(&peer.lease_progress), now_progress
-    cdef uint64_t quiet_since = capi.shm_now_ns(), grace = capi.shm_span_ns(self.timeout), checked = 0, now
+    cdef uint64_t now = capi.shm_now_ns(), checked = 0, cpu = capi.shm_process_cpu_ns(self.pids[q])
+    cdef uint64_t quiet_since = now, progress_since = now, grace = capi.shm_span_ns(self.timeout)
+    cdef uint64_t now_cpu, running_limit
     if interrupted:
         grace = min(grace, STUCK_AFTER_SIGNAL_NS)
     while capi.shm_load_seq_cst(&peer.leases) != 0 and not _peer_dead(self, q):
         now = capi.shm_now_ns()
         now_progress = capi.shm_load_seq_cst(&peer.lease_progress)
         if now_progress != progress:
-            progress, quiet_since = now_progress, now
+            progress, quiet_since, progress_since = now_progress, now, now
         elif now - quiet_since > grace:
-            _end_stuck_peer(self, q, now - quiet_since)
-            return
+            now_cpu = capi.shm_process_cpu_ns(self.pids[q])
+            running_limit = grace * RUNNING_GRACES if grace < UINT64_MAX // RUNNING_GRACES else UINT64_MAX
+            if now_cpu == UINT64_MAX or now_cpu <= cpu or now - progress_since > running_limit:
+                _end_stuck_peer(self, q, now - progress_since, now - progress_since > running_limit)
+                return
+            cpu, quiet_since = now_cpu, now  # it ran: slow, not stopped
         if now - checked > SLICE_NS:
             checked = now
             if _signal_arrived():
@@ -192,9 +204,9 @@ cdef bint _signal_arrived() noexcept nogil:
 
 
 
-cdef void _end_stuck_peer(Communicator self, int q, uint64_t quiet_ns) noexcept nogil:
-    """Kill rank q, which has held a lease on this rank's memory without progress for
-    ``quiet_ns`` after this rank withdrew it, and wait (bounded) until it is gone: only then can
+cdef void _end_stuck_peer(Communicator self, int q, uint64_t quiet_ns, bint ran) noexcept nogil:
+    """Kill rank q, which has held a lease on this rank's memory without ending it for
+    ``quiet_ns`` after this rank withdrew it (``ran``: though it kept running), and wait (bounded) until it is gone: only then can
     it no longer write here. Said on both ranks' stderr (the killed one's through
     /proc/PID/fd/2: a killed process cannot say why itself). Never a recycled pid: by pidfd, or
     by pid only while that pid still has the start time the rank registered with."""
@@ -206,8 +218,11 @@ cdef void _end_stuck_peer(Communicator self, int q, uint64_t quiet_ns) noexcept 
             text = (f"shmcomm: rank {self.rank} (pid {getpid()}) of group {self.job}.{self.part} "
                     f"killed rank {q} (pid {self.pids[q]}): after rank {self.rank}'s operation "
                     f"failed, rank {q} held a lease on its memory (a copy in or out of it) and made "
-                    f"no progress for {quiet_ns / 1e9:.1f} s (the group's timeout: stopped or "
-                    f"swapped out?); killed so that it cannot write into memory the caller reuses\n")
+                    f"no progress for {quiet_ns / 1e9:.1f} s " +
+                    (f"while it ran ({RUNNING_GRACES} times the grace: one chunk's copy takes far "
+                     f"less)" if ran else "(the group's timeout) and did not run (stopped or "
+                     f"frozen?)") +
+                    "; killed so that it cannot write into memory the caller reuses\n")
             _tell_stderr(None, text)
             _tell_stderr(self.pids[q], text)
             if self.pidfds[q] < 0:

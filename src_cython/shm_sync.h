@@ -216,6 +216,15 @@ static inline int shm_pidfd_kill(int pidfd, int pid, int sig) {
     return kill(pid, sig);
 }
 
+/* CPU time process pid has run, in ns (all its threads; the kernel lets any process read it):
+ * UINT64_MAX where it cannot be read. A stopped or frozen process's stands still. */
+static inline uint64_t shm_process_cpu_ns(int pid) {
+    struct timespec ts;
+    clockid_t clock = (clockid_t)((~(unsigned)pid) << 3) | 2;  /* CPUCLOCK_SCHED of process pid */
+    if (clock_gettime(clock, &ts)) return UINT64_MAX;
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
 /* Single copy between processes (Linux cross-memory attach): read n bytes at `remote` in process
  * pid into `local` (write: from `local` to `remote`). Returns 0 or an errno (ESRCH: the process
  * is gone; EPERM: not allowed here). */
