@@ -148,6 +148,7 @@ cdef extern from "shm_engine.h" nogil:
 cdef extern from "shm_copy.h" nogil:
     void shm_move_out(char *dst, const char *src, size_t n, int stream)
     void shm_stream_copy(char *dst, const char *src, size_t n)
+    void shm_slot_memcpy(char *dst, const char *src, size_t n)
 
 
 cdef extern from "shm_dtypes.h" nogil:

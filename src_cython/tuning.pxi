@@ -91,7 +91,7 @@ cdef inline void _slot_copy(char *dst, const char *src, size_t n, bint stream) n
     if stream:
         capi.shm_stream_copy(dst, src, n)
     else:
-        memcpy(dst, src, n)
+        capi.shm_slot_memcpy(dst, src, n)
 
 
 cdef inline uint64_t _tune_timer(Communicator c, size_t nbytes) noexcept nogil:

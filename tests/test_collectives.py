@@ -151,6 +151,33 @@ def test_data_movement_single_copy(world):
     assert all(run_ranks(_movement, world, [300, 5000], timeout=170, env={"SHMCOMM_CMA_BYTES": 1024}))
 
 
+def _string_copy_sizes(rank, size):
+    """Slot copies of 1280 B up to 4 KiB go by `rep movsb` where the CPU makes it fast
+    (shm_copy.h): byte counts on both sides of its bounds, odd ones and views at odd addresses
+    included, through all_reduce, broadcast and all_gather."""
+    for nbytes in (1279, 1280, 1281, 2047, 2111, 2113, 4095, 4096, 4097):
+        raw = np.empty(nbytes + 1, np.uint8)
+        x = raw[1:]  # an odd address
+        x[:] = (np.arange(nbytes) * (rank + 3)) % 251
+        expected = sum((np.arange(nbytes) * (r + 3)) % 251 for r in range(size)).astype(np.uint8)
+        sc.all_reduce(x)
+        assert_same_bits(x, expected, f"all_reduce of {nbytes} B")
+        b = (np.arange(nbytes) * 7 + rank).astype(np.uint8)
+        sc.broadcast(b, src=size - 1)
+        assert_same_bits(b, (np.arange(nbytes) * 7 + size - 1).astype(np.uint8), f"broadcast of {nbytes} B")
+        outs = [np.empty(nbytes, np.uint8) for _ in range(size)]
+        sc.all_gather(outs, np.full(nbytes, rank + 1, np.uint8))
+        for q in range(size):
+            assert_same_bits(outs[q], np.full(nbytes, q + 1, np.uint8), f"all_gather of {nbytes} B from {q}")
+    return True
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [2, 3])
+def test_slot_copies_around_the_string_copy_sizes(world):
+    assert all(run_ranks(_string_copy_sizes, world, timeout=100))
+
+
 def _thresholds_follow_rank_zero(rank, size):
     x = np.arange(50_000, dtype=np.float64) * (rank + 1)
     sc.all_reduce(x)
