@@ -6,8 +6,9 @@ Each round runs the same job twice, ``SHMCOMM_RANK_THREADS=1`` (one thread a ran
 paths) and ``=T`` with ``SHMCOMM_THREADS_BYTES=1`` (every size split, so the table shows where
 splitting wins and where ``SHMCOMM_THREADS_BYTES``'s default, 1 MiB, should sit), alternating
 which goes first; a cell is the median over rounds of the slowest rank's mean time per call, and
-the last column is split / one thread (below 1 the threads win). Private float32 arrays, sum;
-sizes are each rank's array.
+the last column is split / one thread (below 1 the threads win). Private float32 arrays, sum
+(``--zero-copy``: ``sc.empty`` ones, which the lanes reduce in place); sizes are each rank's
+array.
 
 On this 2-core VM two ranks own a core each, so T threads a rank only take turns on it: the
 table measures what splitting costs, never what it gains. DeepSpeed's op, the peer that uses
@@ -36,12 +37,16 @@ def main() -> None:
     parser.add_argument("--sizes", default="64K,256K,1M,4M,16M,32M")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--bind-to", default="none", choices=["none", "numa", "socket"])
+    parser.add_argument("--zero-copy", action="store_true",
+                        help="sc.empty arrays (each lane's piece zero copy) instead of private ones")
     args = parser.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     print(f"# all_reduce, {args.nranks} ranks, {os.cpu_count()} CPUs, shmrun --bind-to {args.bind_to}; "
-          f"{args.threads} threads a rank split every size")
-    ways = [("one thread", {"SHMCOMM_RANK_THREADS": "1"}),
-            ("split", {"SHMCOMM_RANK_THREADS": str(args.threads), "SHMCOMM_THREADS_BYTES": "1"})]
+          f"{args.threads} threads a rank split every size; "
+          f"{'sc.empty arrays (zero copy)' if args.zero_copy else 'private arrays'}")
+    arrays = {"BENCH_ZERO_COPY": "1"} if args.zero_copy else {}
+    ways = [("one thread", {"SHMCOMM_RANK_THREADS": "1", **arrays}),
+            ("split", {"SHMCOMM_RANK_THREADS": str(args.threads), "SHMCOMM_THREADS_BYTES": "1", **arrays})]
     times, last = alternate(args.rounds, ways,
                             lambda env: run(args.nranks, sizes,
                                             dict(env, SHMCOMM_NUMA_BYTES="0"), "all_reduce",

@@ -72,6 +72,8 @@ stamp torch
     --dtypes bfloat16 --hidden 2048 --heads 16
   echo "== bench_threads.py: 2 ranks, 8 threads a rank (split) against one"
   timeout 90 "$PY" "$REPO/bench/bench_threads.py" -n 2 --threads 8 --rounds 2 --sizes 256K,1M,4M,32M
+  echo "== bench_threads.py --zero-copy: 2 ranks, 8 threads a rank, sc.empty arrays"
+  timeout 90 "$PY" "$REPO/bench/bench_threads.py" -n 2 --threads 8 --rounds 2 --sizes 1M,4M,32M --zero-copy
   echo "== bench_threads.py: 4 ranks, 4 threads a rank"
   timeout 60 "$PY" "$REPO/bench/bench_threads.py" -n 4 --threads 4 --rounds 2 --sizes 1M,16M; } > "$O/torch_ops_n8.txt" 2>&1
 stamp torch_ops

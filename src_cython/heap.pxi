@@ -102,7 +102,20 @@ cdef _alloc_shared(Communicator self, size_t nbytes_per_rank):
     self.heaps = [h for h in self.heaps if h[0]() is not None]
     self.heaps.append((weakref.ref(seg), self.heap_count, stride))
     _index_heaps(self)
+    for borrower in self.heap_borrowers:
+        _lend_heaps(self, <Communicator>borrower)
     return seg, stride
+
+
+cdef _lend_heaps(Communicator self, Communicator other):
+    """Communicator.lend_heaps: see its docstring."""
+    if other.size != self.size or other.rank != self.rank:
+        raise ValueError(f"lend_heaps: group {other.job}.{other.part} is not over the same ranks "
+                         f"(rank {other.rank} of {other.size}, here {self.rank} of {self.size})")
+    other.heaps = list(self.heaps)
+    _index_heaps(other)
+    if not any(b is other for b in self.heap_borrowers):
+        self.heap_borrowers.append(other)
 
 
 

@@ -117,10 +117,11 @@ cdef str describe_call(const uint64_t *d):
 
 
 # ---- routes: which composition, if any, serves a call --------------------------------------
-# A route is (level, min_bytes, min_ranks, bfloat16): the level serves the kind's calls of
-# private arrays (sc.empty ones keep the flat zero-copy path: no copy beats any composition) of
-# min_bytes and more, in a group of min_ranks and more, bfloat16 ones only if it takes them.
-# The first route whose rules hold serves the call; none: the flat runner.
+# A route is (level, min_bytes, min_ranks, bfloat16, shared): the level serves the kind's calls
+# of min_bytes and more, in a group of min_ranks and more, bfloat16 ones only if it takes them,
+# and sc.empty ones only if it keeps them where they lie (``shared``: the threads level, whose
+# lanes run zero copy on their pieces); other levels stage copies, which lose to the flat zero
+# copy. The first route whose rules hold serves the call; none: the flat runner.
 
 cdef inline object _route(Communicator c, op_t *o):
     """The level that serves the validated call ``o`` instead of the flat runner, or None. A
@@ -132,18 +133,21 @@ cdef inline object _route(Communicator c, op_t *o):
 
 cdef object _first_route(Communicator c, op_t *o):
     cdef size_t total = o.nbytes * (<size_t>c.size if _KIND_ROWS[o.kind].whole else 1)
-    if o.heap or total < c.route_floor[o.kind]:
+    if total < c.route_floor[o.kind]:
         return None
-    for level, min_bytes, min_ranks, bf16 in c.routes[o.kind]:
-        if total >= <size_t>min_bytes and c.size >= min_ranks and (o.dtype != SHM_BFLOAT16 or bf16):
+    for level, min_bytes, min_ranks, bf16, shared in c.routes[o.kind]:
+        if total >= <size_t>min_bytes and c.size >= min_ranks and (o.dtype != SHM_BFLOAT16 or bf16) \
+                and (o.heap == 0 or shared):
             return level
     return None
 
 
-def add_route(Communicator comm, str entry, level, size_t min_bytes, int min_ranks=2, bint bfloat16=True):
-    """Let ``level`` serve ``comm``'s calls of the collective entry point ``entry`` of private
-    arrays of ``min_bytes`` and more (in all, for the gathers and scatters: the output's bytes),
-    when the group has ``min_ranks`` ranks or more, and of bfloat16 ones only if ``bfloat16``.
+def add_route(Communicator comm, str entry, level, size_t min_bytes, int min_ranks=2, bint bfloat16=True,
+              bint shared=False):
+    """Let ``level`` serve ``comm``'s calls of the collective entry point ``entry`` of arrays of
+    ``min_bytes`` and more (in all, for the gathers and scatters: the output's bytes),
+    when the group has ``min_ranks`` ranks or more, of bfloat16 ones only if ``bfloat16``, and of
+    ``sc.empty`` ones only if ``shared`` (the level keeps them where they lie).
     Routes are tried in the order added; the first whose rules hold serves the call, by calling
     ``level``'s method named ``entry`` with the Communicator's arguments. ``level`` is aborted
     and closed with ``comm`` (its ``abort(reason, cause)`` and ``close()``). Every rank must add
@@ -166,7 +170,7 @@ def add_route(Communicator comm, str entry, level, size_t min_bytes, int min_ran
                         f"(shmcomm.hierarchy.level.Level); {type(level).__name__} lacks some")
     if comm.routes is None:
         comm.routes = [[] for _ in range(K_COUNT)]
-    comm.routes[kinds[0]].append((level, min_bytes, max(min_ranks, 1), bfloat16))
+    comm.routes[kinds[0]].append((level, min_bytes, max(min_ranks, 1), bfloat16, shared))
     comm.route_floor[kinds[0]] = min(comm.route_floor[kinds[0]], min_bytes)
     if not any(level is known for known in comm.levels):
         comm.levels.append(level)

@@ -79,20 +79,33 @@ def _large_and_async(rank, size):
     for i, y in enumerate(xs):
         s = sum(r + i for r in range(size))
         assert (y[4:] == s).all() and (y[:4] == size * s).all(), (i, y[:6])
-    # small arrays and sc.empty ones stay flat
+    # small arrays stay flat
     calls = level.calls
     sc.all_reduce(np.ones(1000))
-    shared = sc.empty(300_000, np.float32)
-    shared[...] = rank
+    assert level.calls == calls
+    # sc.empty ones split too, each lane's piece zero copy (the group lent the lanes its heaps,
+    # this one made after the lanes); an odd count: pieces that end mid-line
+    shared = sc.empty(300_001, np.float32)
+    shared[...] = np.arange(300_001, dtype=np.float32) * (rank + 1)
+    before = [lane.zero_copy_calls for lane in level.lanes]
     sc.all_reduce(shared)
-    assert (shared == sum(range(size))).all()
+    assert_same_bits(shared, np.arange(300_001, dtype=np.float32) * sum(range(1, size + 1)), "sc.empty")
+    assert all(lane.zero_copy_calls > b for lane, b in zip(level.lanes, before)), \
+        ([lane.zero_copy_calls for lane in level.lanes], before)
+    # one rank's array private, the other's sc.empty: the lanes agree to go through the slots
+    mixed = shared[:300_000] if rank == 0 else np.empty(300_000, np.float32)
+    mixed[...] = rank + 1
+    zero_copies = [lane.zero_copy_calls for lane in level.lanes]
+    sc.all_reduce(mixed)
+    assert (mixed == sum(range(1, size + 1))).all()
+    assert [lane.zero_copy_calls for lane in level.lanes] == zero_copies
     return calls, level.calls
 
 
 @pytest.mark.timeout(120)
 def test_large_async_and_flat_calls_keep_issue_order():
     env = {"SHMCOMM_RANK_THREADS": "3"}  # SHMCOMM_THREADS_BYTES's default: 1 MiB
-    assert run_ranks(_large_and_async, 2, env=env, timeout=100) == [(1, 1)] * 2
+    assert run_ranks(_large_and_async, 2, env=env, timeout=100) == [(1, 3)] * 2
 
 
 def _one_waits_one_does_not(rank, size):

@@ -75,5 +75,6 @@ def add_routes(comm: _core.Communicator, level: Level) -> Level:
     import shmcomm._core as _core
 
     for entry, min_bytes in level.routes:
-        _core.add_route(comm, entry, level, min_bytes, level.min_ranks, level.bfloat16)
+        _core.add_route(comm, entry, level, min_bytes, level.min_ranks, level.bfloat16,
+                        getattr(level, "shared", False))
     return level

@@ -14,7 +14,9 @@ and the ``Level`` it returns has:
   ``shmcomm.hierarchy.attach_levels`` adds them to the group's routes (``_core.add_route``); the
   compiled registry decides, per call, after the arguments are checked, whether a route holds.
 * ``min_ranks``: the group size below which it serves nothing; ``bfloat16``: whether it takes
-  bfloat16 arrays.
+  bfloat16 arrays; ``shared`` (optional, default False): whether it takes ``sc.empty`` arrays
+  (a level that keeps them where they lie; the others would stage copies that lose to the flat
+  zero-copy path).
 * one method per entry point, with the ``Communicator``'s signature (``all_reduce(array, op,
   async_op, factor)``, ``all_gather_into(output, array, async_op)``, ``reduce_scatter_into(output,
   input, op, async_op, factor)``), which queues the composed call in issue order

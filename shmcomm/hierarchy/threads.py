@@ -30,7 +30,10 @@ over the job's ranks here (a sub-group's other ranks run here too), at most 8 (a
 bandwidth is reached before that). The group takes the smallest T of its ranks, and no more
 lanes than half of /dev/shm's free space holds. A rank bound to one core, or ranks that share
 their cores, get no lanes: the level never puts a thread on a core outside the call's own, and
-its threads sleep between calls. ``sc.empty`` arrays keep the flat zero-copy path.
+its threads sleep between calls. ``sc.empty`` arrays split too: the group lends its heaps to the
+lanes (``Communicator.lend_heaps``), so each lane runs its piece zero copy, as the flat path
+runs the whole (one thread reading and writing every rank's array cannot reach the memory's
+bandwidth either).
 
 Not yet measured on a machine with many cores per rank (``bench/bench_threads.py``).
 
@@ -174,6 +177,7 @@ class ThreadsLevel:
 
     min_ranks = 2
     bfloat16 = True  # a torch bfloat16 tensor's pieces stay tensors: no ml_dtypes needed
+    shared = True  # sc.empty arrays too: each lane finds the group's heaps and runs its piece zero copy
 
     def __init__(self, comm: _core.Communicator, threads: int, threshold: int):
         self.routes = (("all_reduce", threshold),)
@@ -208,6 +212,7 @@ class ThreadsLevel:
             lane = self._comm.derive(f"threads{len(self.lanes)}", range(self._comm.size),
                                      threads_per_rank=self.threads)
             lane.rest_until_kicked()  # its thread wakes for its pieces only, never to look
+            self._comm.lend_heaps(lane)  # an sc.empty array's pieces: zero copy on the lane too
             self.lanes.append(lane)
         count = whole.shape[0]
         itemsize = whole.nbytes // count if count else 1
