@@ -220,8 +220,8 @@ static inline int shm_pidfd_kill(int pidfd, int pid, int sig) {
  * UINT64_MAX where it cannot be read. A stopped or frozen process's stands still. */
 static inline uint64_t shm_process_cpu_ns(int pid) {
     struct timespec ts;
-    clockid_t clock = (clockid_t)((~(unsigned)pid) << 3) | 2;  /* CPUCLOCK_SCHED of process pid */
-    if (clock_gettime(clock, &ts)) return UINT64_MAX;
+    clockid_t clock;
+    if (clock_getcpuclockid(pid, &clock) || clock_gettime(clock, &ts)) return UINT64_MAX;
     return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
 }
 
