@@ -128,8 +128,9 @@ cdef class Communicator:
     cdef const char *op_name
     cdef readonly bint closed
     cdef int heap_count
-    cdef list heaps               # (weakref to Segment, heap id, stride) of sc.empty segments
-    cdef list heap_borrowers      # groups over the same ranks that find this group's heaps too (lend_heaps)
+    # heaps: (weakref to Segment, heap id, stride) of sc.empty segments; heap_borrowers: groups
+    # over the same ranks that find those heaps too (lend_heaps, heap.pxi)
+    cdef list heaps, heap_borrowers
     cdef uintptr_t heap_bounds[2 * MAX_HEAP_BOUNDS]  # heaps[i]'s part of this rank: [2i, 2i+1) (heap.pxi)
     cdef int n_heap_bounds        # entries of heap_bounds in use; -1: more heaps, heaps is scanned
     cdef char *scratch            # private cache-sized buffer for single-copy reductions
@@ -201,8 +202,7 @@ cdef class Communicator:
         self.rank, self.size, self.job, self.part = rank, size, job, part
         self.timeout = timeout
         self.broken = None
-        self.heaps = []
-        self.heap_borrowers = []
+        self.heaps, self.heap_borrowers = [], []
         self.owner_pid = getpid()
         from shmcomm.trust import Credentials, credentials
         # a derived group's (derive) are its parent's: the secret itself is not kept
@@ -426,19 +426,6 @@ cdef class Communicator:
         derives from the group's salt (``derived_part``, as sub-groups'): nobody watching
         /dev/shm can plant the next heap's name ahead of rank 0 and so stop the job."""
         return _alloc_shared(self, nbytes_per_rank)
-
-    def lend_heaps(self, Communicator other):
-        """Let ``other``, a group over the same ranks in the same order (a lane of the threads
-        level), find this group's ``sc.empty`` heaps, those made later included: its calls on
-        pieces of an ``sc.empty`` array of this group then run zero copy as this group's would.
-        Every rank lends alike (heap ids are this group's, the same on every rank).
-
-        Example::
-
-            lane = comm.derive("threads0", range(comm.size))
-            comm.lend_heaps(lane)   # lane.all_reduce(a[lo:hi]) of an sc.empty a: zero copy
-        """
-        _lend_heaps(self, other)
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def abort(self, str reason=None, cause=None):

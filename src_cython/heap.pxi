@@ -103,19 +103,28 @@ cdef _alloc_shared(Communicator self, size_t nbytes_per_rank):
     self.heaps.append((weakref.ref(seg), self.heap_count, stride))
     _index_heaps(self)
     for borrower in self.heap_borrowers:
-        _lend_heaps(self, <Communicator>borrower)
+        lend_heaps(self, <Communicator>borrower)
     return seg, stride
 
 
-cdef _lend_heaps(Communicator self, Communicator other):
-    """Communicator.lend_heaps: see its docstring."""
-    if other.size != self.size or other.rank != self.rank:
+def lend_heaps(Communicator comm, Communicator other):
+    """Let ``other``, a group over the same ranks in the same order as ``comm`` (a lane of the
+    threads level), find ``comm``'s ``sc.empty`` heaps, those made later included: its calls on
+    pieces of an ``sc.empty`` array of ``comm`` then run zero copy as ``comm``'s would. Every rank
+    lends alike (heap ids are ``comm``'s, the same on every rank).
+
+    Example::
+
+        lane = comm.derive("threads0", range(comm.size))
+        lend_heaps(comm, lane)   # lane.all_reduce(a[lo:hi]) of an sc.empty a: zero copy
+    """
+    if other.size != comm.size or other.rank != comm.rank:
         raise ValueError(f"lend_heaps: group {other.job}.{other.part} is not over the same ranks "
-                         f"(rank {other.rank} of {other.size}, here {self.rank} of {self.size})")
-    other.heaps = list(self.heaps)
+                         f"(rank {other.rank} of {other.size}, here {comm.rank} of {comm.size})")
+    other.heaps = list(comm.heaps)
     _index_heaps(other)
-    if not any(b is other for b in self.heap_borrowers):
-        self.heap_borrowers.append(other)
+    if not any(b is other for b in comm.heap_borrowers):
+        comm.heap_borrowers.append(other)
 
 
 

@@ -1,5 +1,6 @@
 """Point-to-point: tags, any source, large messages through the ring, ordering, errors."""
 
+import multiprocessing
 import os
 import signal
 import time
@@ -319,9 +320,13 @@ def test_a_timed_out_receive_is_never_written_afterwards():
     assert timed_out, "the receive never timed out: the test did not test anything"
 
 
-def _sender_withdraws_after_its_send_fails(rank, size):
+def _sender_withdraws_after_its_send_fails(rank, size, failed):
     """Rank 0's single-copy isend times out (rank 1 posts no receive for it in time); rank 0
-    reuses its buffer. A receive posted later must fail, never read the reused buffer."""
+    reuses its buffer. A receive posted later must fail, never read the reused buffer.
+    ``failed`` (an Event the ranks share) says when rank 0's send has failed: a fixed sleep in
+    rank 1 once let a loaded machine's rank 1 read half the message before rank 0 timed out, and
+    then wait for the other half from a rank 0 that had stopped driving (its own timeout, not
+    the withdrawal, was the error)."""
     n = 1 << 20
     if rank == 0:
         data = np.full(n, 7.0)
@@ -330,10 +335,12 @@ def _sender_withdraws_after_its_send_fails(rank, size):
             return "sent"
         except sc.CommTimeoutError as exc:
             error = str(exc)
+        finally:
+            failed.set()
         data[...] = -1  # reused
         time.sleep(1.5)
         return error
-    time.sleep(1.5)  # after rank 0's send timed out: it withdrew the buffer
+    assert failed.wait(30), "rank 0's send neither failed nor completed"
     got = np.zeros(n)
     try:
         sc.recv(got, src=0, tag=5)
@@ -344,7 +351,8 @@ def _sender_withdraws_after_its_send_fails(rank, size):
 
 @pytest.mark.timeout(60)
 def test_a_failed_send_withdraws_its_buffer():
-    sent, (received, reused_read) = run_ranks(_sender_withdraws_after_its_send_fails, 2,
+    failed = multiprocessing.get_context("fork").Event()
+    sent, (received, reused_read) = run_ranks(_sender_withdraws_after_its_send_fails, 2, failed,
                                               env={"SHMCOMM_TIMEOUT": 1.0}, timeout=40)
     assert reused_read == 0, f"the receive read {reused_read} elements of the reused buffer"
     assert "withdrew" in received, received  # refused: the sender's send failed

@@ -254,3 +254,23 @@ def test_lanes_are_made_by_the_first_call_that_needs_them():
     """A group that never makes a large call costs no segments and no threads."""
     assert run_ranks(_lanes_made_when_needed, 2, env={"SHMCOMM_RANK_THREADS": "3"}, timeout=60) \
         == [[0, 1, 3]] * 2
+
+
+def _lend_to_a_group_in_another_order(rank, size):
+    from shmcomm import _core, world
+
+    comm = world.default_group()._comm
+    reversed_ranks = comm.derive("reversed", [1, 0])
+    try:
+        _core.lend_heaps(comm, reversed_ranks)
+    except ValueError as exc:
+        return str(exc)
+    finally:
+        reversed_ranks.close()
+    return "lent"
+
+
+@pytest.mark.timeout(60)
+def test_heaps_are_lent_only_to_a_group_over_the_same_ranks():
+    said = run_ranks(_lend_to_a_group_in_another_order, 2, timeout=40)
+    assert all("is not over the same ranks" in s for s in said), said

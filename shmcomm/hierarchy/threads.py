@@ -31,7 +31,7 @@ bandwidth is reached before that). The group takes the smallest T of its ranks, 
 lanes than half of /dev/shm's free space holds. A rank bound to one core, or ranks that share
 their cores, get no lanes: the level never puts a thread on a core outside the call's own, and
 its threads sleep between calls. ``sc.empty`` arrays split too: the group lends its heaps to the
-lanes (``Communicator.lend_heaps``), so each lane runs its piece zero copy, as the flat path
+lanes (``_core.lend_heaps``), so each lane runs its piece zero copy, as the flat path
 runs the whole (one thread reading and writing every rank's array cannot reach the memory's
 bandwidth either).
 
@@ -212,7 +212,7 @@ class ThreadsLevel:
             lane = self._comm.derive(f"threads{len(self.lanes)}", range(self._comm.size),
                                      threads_per_rank=self.threads)
             lane.rest_until_kicked()  # its thread wakes for its pieces only, never to look
-            self._comm.lend_heaps(lane)  # an sc.empty array's pieces: zero copy on the lane too
+            _core.lend_heaps(self._comm, lane)  # an sc.empty array's pieces: zero copy on the lane too
             self.lanes.append(lane)
         count = whole.shape[0]
         itemsize = whole.nbytes // count if count else 1
