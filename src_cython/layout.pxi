@@ -63,8 +63,13 @@ cdef size_t SLOT_SHIFT_MIN = 4096
 cdef inline size_t _slot_shift(size_t slot_bytes, uint32_t s, size_t used) noexcept nogil:
     """Where in its slot a call that uses ``used`` bytes of it at step ``s`` starts (slot_shift);
     callers compute it once per step and add it to every rank's c.slot(q, s)."""
+    return _slot_shift_from(slot_bytes, s, used, SLOT_SHIFT_MIN)
+
+
+cdef inline size_t _slot_shift_from(size_t slot_bytes, uint32_t s, size_t used, size_t least) noexcept nogil:
+    """_slot_shift for a call that moves from ``least`` bytes used."""
     cdef size_t u = _align_up(used, 4096)
-    if used < SLOT_SHIFT_MIN or 2 * u > slot_bytes:
+    if used < least or 2 * u > slot_bytes:
         return 0
     return ((s >> 1) % (slot_bytes // u)) * u
 

@@ -154,7 +154,7 @@ def test_data_movement_single_copy(world):
 def _string_copy_sizes(rank, size):
     """Slot copies of 1280 B up to 4 KiB go by `rep movsb` where the CPU makes it fast
     (shm_copy.h): byte counts on both sides of its bounds, odd ones and views at odd addresses
-    included, through all_reduce, broadcast and all_gather."""
+    included, through all_reduce, broadcast and all_gather; then many broadcasts of 1.5 KiB."""
     for nbytes in (1279, 1280, 1281, 2047, 2111, 2113, 4095, 4096, 4097):
         raw = np.empty(nbytes + 1, np.uint8)
         x = raw[1:]  # an odd address
@@ -169,6 +169,12 @@ def _string_copy_sizes(rank, size):
         sc.all_gather(outs, np.full(nbytes, rank + 1, np.uint8))
         for q in range(size):
             assert_same_bits(outs[q], np.full(nbytes, q + 1, np.uint8), f"all_gather of {nbytes} B from {q}")
+    # a broadcast of 1 KiB and more moves along the root's slot call by call (broadcast.pxi):
+    # past a whole lap of the slot, every call's data where the receivers look
+    for i in range(600):
+        b = np.full(1500 + i % 7, (i * 7 + rank) % 256, np.uint8)
+        sc.broadcast(b, src=i % size)
+        assert (b == (i * 7 + i % size) % 256).all(), f"broadcast call {i}"
     return True
 
 
