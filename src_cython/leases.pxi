@@ -206,10 +206,11 @@ cdef bint _signal_arrived() noexcept nogil:
 
 cdef void _end_stuck_peer(Communicator self, int q, uint64_t quiet_ns, bint ran) noexcept nogil:
     """Kill rank q, which has held a lease on this rank's memory without ending it for
-    ``quiet_ns`` after this rank withdrew it (``ran``: though it kept running), and wait (bounded) until it is gone: only then can
-    it no longer write here. Said on both ranks' stderr (the killed one's through
-    /proc/PID/fd/2: a killed process cannot say why itself). Never a recycled pid: by pidfd, or
-    by pid only while that pid still has the start time the rank registered with."""
+    ``quiet_ns`` after this rank withdrew it (``ran``: though it kept running), and wait
+    (bounded) until it is gone: only then can it no longer write here. Said on both ranks'
+    stderr (the killed one's through /proc/PID/fd/2: a killed process cannot say why itself).
+    Never a recycled pid: by pidfd, or by pid only while that pid still has the start time the
+    rank registered with."""
     cdef uint64_t give_up = capi.shm_now_ns() + 5 * 1000 * 1000 * 1000ULL
     cdef bint same_process = True
     with gil:
@@ -220,8 +221,8 @@ cdef void _end_stuck_peer(Communicator self, int q, uint64_t quiet_ns, bint ran)
                     f"failed, rank {q} held a lease on its memory (a copy in or out of it) and made "
                     f"no progress for {quiet_ns / 1e9:.1f} s " +
                     (f"while it ran ({RUNNING_GRACES} times the grace: one chunk's copy takes far "
-                     f"less)" if ran else "(the group's timeout) and did not run (stopped or "
-                     f"frozen?)") +
+                     f"less)" if ran else "(the group's timeout) and did not run for as long "
+                     f"(stopped or frozen?)") +
                     "; killed so that it cannot write into memory the caller reuses\n")
             _tell_stderr(None, text)
             _tell_stderr(self.pids[q], text)
