@@ -46,7 +46,8 @@ collective, n = sys.argv[2], sc.get_world_size()
 for nbytes in map(int, sys.argv[1].split(",")):
     x = np.ones(max(n, nbytes // 4) // n * n, np.float32)  # all ranks' data: nbytes
     if os.environ.get("BENCH_ZERO_COPY"):  # the group's shared memory (sc.empty): zero copy
-        x, x[...] = sc.empty(x.size, np.float32), 1.0
+        x = sc.empty(x.size, np.float32)
+        x[...] = 1.0
     piece = np.ones(x.size // n, np.float32)
     call = {"all_reduce": lambda: sc.all_reduce(x),
             "reduce_scatter": lambda: sc.reduce_scatter_into(piece, x),

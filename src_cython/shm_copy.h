@@ -1,4 +1,5 @@
-/* Copies whose destination will not be read again soon.
+/* Copies into and out of shared memory: streaming ones, whose destination will not be read again
+ * soon, and the slot copy (shm_slot_memcpy), whose destination peers read at once.
  *
  * A normal store first reads the destination's cache line from memory ("read for ownership"), so
  * copying n bytes into memory that is not cached moves 3n bytes: read the source, read the

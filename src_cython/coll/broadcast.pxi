@@ -25,7 +25,7 @@ cdef int _run_broadcast(Communicator c, op_t *o) except -1 nogil:
     cdef uint32_t s
     cdef size_t off = 0, ch, split, nbytes = o.nbytes
     cdef int q, root = o.root
-    cdef char *ptr = o.ptr
+    cdef char *ptr = o.ptr, *at
     cdef bint first = True, stream
     if c.size == 1:
         return 0
@@ -46,13 +46,14 @@ cdef int _run_broadcast(Communicator c, op_t *o) except -1 nogil:
     while first or off < nbytes:
         ch = min(c.slot_bytes, nbytes - off)
         s = c.next_step()
+        at = c.slot(root, s) + _slot_shift_from(c.slot_bytes, s, ch, BROADCAST_SHIFT_MIN)
         if c.rank == root:
-            _slot_copy(c.slot(root, s) + _slot_shift_from(c.slot_bytes, s, ch, BROADCAST_SHIFT_MIN), ptr + off, ch, stream)
+            _slot_copy(at, ptr + off, ch, stream)
         _step(c)
         if first:
             _check_desc(c)
             first = False
         if c.rank != root:
-            c._out(ptr + off, c.slot(root, s) + _slot_shift_from(c.slot_bytes, s, ch, BROADCAST_SHIFT_MIN), ch, nbytes)
+            c._out(ptr + off, at, ch, nbytes)
         off += ch
     return 0
