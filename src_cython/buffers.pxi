@@ -2,6 +2,7 @@
 # C-contiguous buffer-protocol object) into a pointer, a size and a dtype code, and keep an owner
 # object alive while the pointer is in use.
 cimport numpy as cnp
+from cpython.object cimport PyObject
 
 cnp.import_array()
 
@@ -129,9 +130,72 @@ cdef int _not_as_it_is(object t, tuple info) except -1:
     return 0
 
 
+# The tensor reader of shmcomm/torch_ops/tensors.cpp (native.py hands it over once the library
+# is loaded; NULL until then): a plain tensor's pointer, count and dtype in one C call, where the
+# reads below go through Python six times (~0.36 us a collective). It declines (0) any tensor the
+# core does not take as it is; those take the Python reads, which name what is wrong.
+ctypedef struct tensor_view_t:
+    void *data
+    int64_t numel
+    int dtype
+ctypedef int (*tensor_reader_t)(PyObject *, tensor_view_t *) noexcept
+cdef tensor_reader_t _tensor_reader = NULL
+
+
+def use_tensor_reader(size_t address) -> None:
+    """Read tensors with the C function at ``address`` (``shmcomm_read_tensor`` of the native
+    library, shmcomm/torch_ops/native.py), or through Python again (0).
+
+    Example::
+
+        use_tensor_reader(0)   # back to the Python reads
+    """
+    global _tensor_reader
+    _tensor_reader = <tensor_reader_t><void *>address
+
+
+def tensor_reader_in_use() -> bool:
+    """True once the native tensor reader serves (see ``use_tensor_reader``).
+
+    Example::
+
+        tensor_reader_in_use()   # True in a rank with a shmcomm torch group, where it built
+    """
+    return _tensor_reader != NULL
+
+
+def native_tensor_view(t):
+    """``(address, count, dtype name)`` of tensor ``t`` as the native reader gives them to the
+    core; None where it declines ``t`` (the Python reads serve it) or no reader is in use.
+
+    Example::
+
+        native_tensor_view(torch.ones(3))   # (140..., 3, "float32") once the reader serves
+    """
+    cdef buf_t b
+    if not _read_tensor(t, &b):
+        return None
+    return <size_t>b.ptr, b.count, DTYPE_NAMES[b.dtype]
+
+
+cdef inline bint _read_tensor(object t, buf_t *out):
+    """Fill ``out`` from the native reader; False where there is none or it declines ``t``."""
+    cdef tensor_view_t view
+    if _tensor_reader == NULL or not _tensor_reader(<PyObject *>t, &view):
+        return False
+    out.ptr = <char *>view.data
+    out.dtype = view.dtype
+    out.itemsize = shm_dtype_itemsizes[view.dtype]
+    out.count = <size_t>view.numel
+    out.nbytes = out.count * out.itemsize
+    return True
+
+
 cdef object _torch_buf(object t, buf_t *out, str argname):
     """Fill ``out`` straight from a CPU tensor's storage; the tensor is the owner."""
     cdef tuple info
+    if _read_tensor(t, out):
+        return t
     if type(t) is not _Tensor and type(t).__torch_dispatch__ is not _Tensor.__torch_dispatch__:
         # a wrapper subclass (DTensor, a functional collective's AsyncCollectiveTensor): its
         # data_ptr() is not its data (it was 0: the collective wrote through a null pointer)
@@ -171,8 +235,11 @@ def tensor_is_direct(t) -> bool:
         tensor_is_direct(torch.ones(4, 4).T)   # False: not contiguous
     """
     cdef tuple info
+    cdef buf_t unused
     if not _is_torch_tensor(t) or type(t) is not _Tensor:
         return False
+    if _read_tensor(t, &unused):
+        return True
     info = _torch_dtype_info.get(t.dtype)
     if info is None:  # first sight of this dtype: classify it (a refused dtype is not direct)
         try:

@@ -8,6 +8,40 @@ from cpython.unicode cimport PyUnicode_FromString
 # group_name (None: the default group) -> Communicator of each shmcomm torch group on one node;
 # shmcomm.torch_ops.groups fills it. A group not here (across nodes) takes the Python kernel.
 torch_op_comms = {}
+# reduce_op name -> op code, for the direct path's one dict look-up: the names torch's functional
+# collectives pass (str(ReduceOp) lower-cased) and "prod"; op_code (kernels.pxi) is the one home
+# of the names. PREMUL_SUM needs a factor, which a name cannot carry.
+torch_op_codes = {name.lower(): code for code, name in enumerate(OP_NAMES) if name != "PREMUL_SUM"}
+torch_op_codes["prod"] = op_code("prod")
+
+
+def torch_all_reduce_direct(tensor, reduce_op, group) -> bool:
+    """All-reduce ``tensor`` in place on the core of torch group ``group`` (its name, the group
+    object or None: the keys of ``torch_op_comms``) by ``reduce_op``'s name; True once done.
+    False, with nothing run, where the general path must serve it: a group across nodes or not
+    known here, an op name not in ``torch_op_codes``, a tensor to copy first or a bad one (the
+    general path names the problem). The eager path of ``shmcomm.torch_ops.all_reduce_`` and of
+    the op's Python kernel: one compiled call where it was four dict and attribute look-ups.
+
+    Example::
+
+        torch_all_reduce_direct(t, "sum", None) or kernels.all_reduce_(t, "sum", None)
+    """
+    try:
+        comm, code = torch_op_comms.get(group), torch_op_codes.get(reduce_op)
+    except TypeError:  # an unhashable group or op: the general path names it
+        return False
+    if comm is None or code is None:
+        return False
+    try:
+        (<Communicator>comm).all_reduce(tensor, <int>code)
+    except (TypeError, ValueError) as exc:
+        # raised while the core checked its argument, before anything ran (its own errors are
+        # ShmcommErrors): a tensor to copy first, or a bad one, which the general path names
+        if isinstance(exc, ShmcommError):
+            raise
+        return False
+    return True
 
 
 cdef int _torch_all_reduce(const char *group, int op, void *data, int64_t count, int dtype) except -1:

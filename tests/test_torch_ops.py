@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from harness import REPO, TORCH_SCRIPTS as SCRIPTS, import_torch_distributed, torch_ranks
@@ -22,6 +23,7 @@ from harness import REPO, TORCH_SCRIPTS as SCRIPTS, import_torch_distributed, to
 torch, dist = import_torch_distributed()
 
 import op_checks  # noqa: E402 - tests/torch_scripts, on the path from here on
+import shmcomm as sc  # noqa: E402
 from shmcomm.torch_ops import native  # noqa: E402
 
 
@@ -120,6 +122,68 @@ def test_native_kernels_serve_all_reduce_and_its_copying_twin(tmp_path):
         assert len(cpu) == 2 and all("all_reduce.cpp" in line for line in cpu), cpu
         assert values == [3.0] * 3
         assert copy == [[1.0, 1.0], [1.0, 1.0]] and contiguous
+
+
+def _reader_cases() -> dict:
+    """Tensors the core must read as they are, and tensors it must copy or refuse."""
+    z = torch.tensor([1 + 2j, 3 - 1j])
+    base = torch.arange(2000.0)
+    direct = {f"{dt}-{n}": op_checks.value(1, n, dt) for dt in op_checks.DTYPES for n in (0, 1, 1001)}
+    direct.update({"uint16": torch.arange(7).to(torch.uint16), "uint64": torch.arange(5).to(torch.uint64),
+                   "slice at an offset": base[3:1004], "2-d": torch.ones(3, 5), "0-d": torch.tensor(2.5),
+                   "a row of a 2-d view": base.view(40, 50)[7]})
+    other = {"transposed": torch.ones(4, 4).t(), "strided": base[::2], "expanded": torch.ones(1).expand(6),
+             "conj view": z.conj(), "neg view": torch._neg_view(torch.ones(3)),
+             "complex32": torch.zeros(2, dtype=torch.complex32), "parameter": torch.nn.Parameter(torch.ones(2)),
+             "sparse": torch.ones(3).to_sparse(), "numpy": np.ones(2), "list": [1.0]}
+    return {"direct": direct, "other": other}
+
+
+def _doubled_by_the_core(t):
+    """``t`` reduced with itself by the core's kernel (SUM; BOR for bool), read as the core reads
+    it; or the error the core raised."""
+    out = torch.empty(t.shape, dtype=t.dtype)
+    op = sc.ReduceOp.BOR if t.dtype == torch.bool else sc.ReduceOp.SUM
+    try:
+        sc._core.reduce_kernel(out, [t, t], int(op))
+    except (TypeError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+def test_the_native_tensor_reader_reads_what_the_python_reads_read():
+    """The core reads a tensor through the native library's reader (one C call) once it is
+    loaded: it must give each tensor's own pointer (an offset slice's too), count and dtype, decline
+    every tensor the Python reads copy or refuse (those then say why), and leave every result and
+    error as it was without it."""
+    if not native.load():
+        pytest.skip(f"the native library was not built here: {native.why_not()}")
+    assert sc._core.tensor_reader_in_use()
+    cases = _reader_cases()
+    for name, t in cases["direct"].items():
+        dtype_name = str(t.dtype).removeprefix("torch.")
+        assert sc._core.native_tensor_view(t) == (t.data_ptr(), t.numel(), dtype_name), name
+    for name, t in cases["other"].items():
+        assert sc._core.native_tensor_view(t) is None, name
+    every = {**cases["direct"], **cases["other"]}
+    torch_only = {k: t for k, t in every.items() if isinstance(t, torch.Tensor) and t.layout == torch.strided}
+    with_reader = {k: (sc._core.tensor_is_direct(t), _doubled_by_the_core(t)) for k, t in torch_only.items()}
+    sc._core.use_tensor_reader(0)
+    try:
+        assert not sc._core.tensor_reader_in_use()
+        without = {k: (sc._core.tensor_is_direct(t), _doubled_by_the_core(t)) for k, t in torch_only.items()}
+    finally:
+        sc._core.use_tensor_reader(native._STATE["reader"])
+    for k, t in torch_only.items():
+        (direct_on, out_on), (direct_off, out_off) = with_reader[k], without[k]
+        assert direct_on == direct_off == (k in cases["direct"]), k
+        if isinstance(out_off, str):
+            assert out_on == out_off, k
+            continue
+        expect = t | t if t.dtype == torch.bool else (t.to(torch.complex128 if t.is_complex() else torch.float64) * 2).to(t.dtype)
+        assert torch.equal(out_on, expect) and torch.equal(out_off, expect), k
 
 
 def _fake_build_directory(monkeypatch, directory):

@@ -68,7 +68,7 @@ def all_reduce_(tensor: torch.Tensor, group=None, op="sum") -> torch.Tensor:
                 return all_reduce_(x, self.group)
     """
     compiling = _is_compiling()
-    if not compiling and kernels.direct_all_reduce(tensor, op, group):  # the common case, eagerly
+    if not compiling and _direct(tensor, op, group):  # the common case, eagerly
         return tensor
     if not isinstance(op, str):  # a ReduceOp (shmcomm's or torch's): the name the ops take
         op = _core.OP_NAMES[kernels.op_code(op)].lower()
@@ -78,3 +78,4 @@ def all_reduce_(tensor: torch.Tensor, group=None, op="sum") -> torch.Tensor:
 
 
 _is_compiling = torch.compiler.is_compiling
+_direct = kernels.direct_all_reduce

@@ -6,7 +6,8 @@
 // Anything the entry point does not serve (a tensor to copy first, a group across nodes, an
 // unknown op or dtype) goes to the Python kernel (shmcomm.torch_ops.kernels.all_reduce_), which
 // serves it or raises the error that names the problem. Errors keep their Python type.
-#include <ATen/core/Tensor.h>
+#include "tensors.h"
+
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/library.h>
@@ -22,18 +23,8 @@ using Entry = int (*)(const char *group, int op, void *data, int64_t count, int 
 struct Core {
   Entry entry = nullptr;
   PyObject *python_kernel = nullptr;             // kernels.all_reduce_ (kept for the process)
-  std::array<int, 64> dtype_codes{};             // at::ScalarType -> shmcomm dtype code, or -1
   std::array<std::string, 16> op_names{};        // shmcomm op code -> lower-case name
   int n_ops = 0;
-};
-
-// The core's dtype names (_core.DTYPE_NAMES) of the torch dtypes it takes by memory.
-const std::pair<at::ScalarType, const char *> kDtypes[] = {
-    {at::kBool, "bool"},       {at::kChar, "int8"},         {at::kByte, "uint8"},
-    {at::kShort, "int16"},     {at::kUInt16, "uint16"},     {at::kInt, "int32"},
-    {at::kUInt32, "uint32"},   {at::kLong, "int64"},        {at::kUInt64, "uint64"},
-    {at::kHalf, "float16"},    {at::kBFloat16, "bfloat16"}, {at::kFloat, "float32"},
-    {at::kDouble, "float64"},  {at::kComplexFloat, "complex64"}, {at::kComplexDouble, "complex128"},
 };
 
 PyObject *attr_of(const char *module, const char *name) {
@@ -54,14 +45,6 @@ const Core &core() {
   c->entry = reinterpret_cast<Entry>(PyCapsule_GetPointer(capsule, "shmcomm._core.torch_all_reduce"));
   Py_DECREF(capsule);
   if (!c->entry) throw python_error();
-  c->dtype_codes.fill(-1);
-  PyObject *dtype_names = attr_of("shmcomm._core", "DTYPE_NAMES");
-  for (Py_ssize_t code = 0; code < PyTuple_GET_SIZE(dtype_names); ++code) {
-    const char *name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(dtype_names, code));
-    for (const auto &[type, torch_name] : kDtypes)
-      if (name && std::string(name) == torch_name) c->dtype_codes[static_cast<int>(type)] = static_cast<int>(code);
-  }
-  Py_DECREF(dtype_names);
   PyObject *op_names = attr_of("shmcomm._core", "OP_NAMES");
   c->n_ops = static_cast<int>(std::min<Py_ssize_t>(PyTuple_GET_SIZE(op_names), 16));
   for (int code = 0; code < c->n_ops; ++code) {
@@ -81,20 +64,14 @@ int op_code(const Core &c, c10::string_view op) {
   return -1;
 }
 
-// The tensors the core takes by their memory as they are (tensor_is_direct's rule).
-bool direct(const at::Tensor &t) {
-  return t.device().is_cpu() && t.layout() == at::kStrided && t.is_contiguous() && !t.is_neg() &&
-         !t.is_conj();
-}
-
 at::Tensor &all_reduce_(at::Tensor &input, c10::string_view reduce_op,
                         std::optional<c10::string_view> group_name) {
   pybind11::gil_scoped_acquire gil;  // the dispatcher let go of it
   const Core &c = core();
   std::string group = group_name ? std::string(*group_name) : std::string();
   int op = op_code(c, reduce_op);
-  int dtype = c.dtype_codes[static_cast<int>(input.scalar_type()) & 63];
-  if (op >= 0 && dtype >= 0 && direct(input)) {
+  int dtype = shmcomm::dtype_code(input.scalar_type());
+  if (op >= 0 && dtype >= 0 && shmcomm::direct(input)) {
     int rc = c.entry(group_name ? group.c_str() : nullptr, op, input.data_ptr(), input.numel(), dtype);
     if (rc < 0) throw python_error();
     if (rc == 0) return input;

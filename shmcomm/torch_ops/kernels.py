@@ -37,7 +37,6 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 
 from shmcomm import _core
-from shmcomm.errors import ShmcommError
 from shmcomm.torch_ops.groups import COMMS, resolve
 
 SCHEMAS = {
@@ -51,11 +50,9 @@ SCHEMAS = {
                           "str? group_name=None) -> Tensor"),
 }
 
-# reduce_op name -> shmcomm op code, for the direct path's one dict look-up: the names torch's
-# functional collectives pass (str(ReduceOp) lower-cased) and "prod"; shmcomm.ops.op_code is the
-# one home of the names. PREMUL_SUM needs a factor, which a name cannot carry.
-_OP_CODES = {name.lower(): code for code, name in enumerate(_core.OP_NAMES) if name != "PREMUL_SUM"}
-_OP_CODES["prod"] = _core.op_code("prod")
+# reduce_op name -> shmcomm op code: the names the ops take (the core's table, which its direct
+# path looks up)
+_OP_CODES = _core.torch_op_codes
 # op code -> the torch ReduceOp the group's general path takes
 _REDUCE_OPS = {code: dist.ReduceOp(getattr(dist.ReduceOp.RedOpType, _core.OP_NAMES[code]))
                for code in set(_OP_CODES.values())}
@@ -92,6 +89,10 @@ def _check_size(group, group_size: int, op: str) -> None:
         raise ValueError(f"{op}: group_size={group_size} but the group has {group.size()} ranks")
 
 
+# the eager path: the core, where it takes the call as it is (False: nothing ran)
+direct_all_reduce = _core.torch_all_reduce_direct
+
+
 # ---- CPU kernels ------------------------------------------------------------------------------------
 def all_reduce_(input: torch.Tensor, reduce_op: str, group_name: str | None = None) -> torch.Tensor:
     """Reduce ``input`` in place across the group; returns it.
@@ -107,32 +108,6 @@ def all_reduce_(input: torch.Tensor, reduce_op: str, group_name: str | None = No
     group.allreduce([input], opts).wait()
     return input
 
-
-def direct_all_reduce(tensor: torch.Tensor, reduce_op: str, group) -> bool:
-    """All-reduce ``tensor`` straight on the core of ``group`` (its name, the group object or
-    None) when that group is on one node and the core takes the tensor as it is; False, with
-    nothing run, when the general path must serve it (a tensor to copy first, a group across
-    nodes, a name to resolve or refuse).
-
-    Example::
-
-        direct_all_reduce(t, "sum", None) or all_reduce_(t, "sum", None)
-    """
-    try:
-        comm, code = COMMS.get(group), _OP_CODES.get(reduce_op)
-    except TypeError:  # an unhashable group or op: the general path names it
-        return False
-    if comm is None or code is None:
-        return False
-    try:
-        comm.all_reduce(tensor, code)
-        return True
-    except (TypeError, ValueError) as exc:
-        # raised while the core checked its argument, before anything ran (its own errors are
-        # ShmcommErrors): a tensor to copy first, or a bad one, which the general path names
-        if isinstance(exc, ShmcommError):
-            raise
-        return False
 
 
 def broadcast_(input: torch.Tensor, src: int, group_name: str | None = None) -> torch.Tensor:

@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 
 from shmcomm.torch_ops import all_reduce_ as drop_in_all_reduce_
-from shmcomm.torch_ops import kernels
+from shmcomm import _core
+from shmcomm.torch_ops import kernels, native
 
 FLOATS = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 INTS = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64]
@@ -174,6 +175,8 @@ def check_non_contiguous(group=None, ranks=None) -> int:
 def run_all() -> int:
     """Every check on the default group; at 3+ ranks, again on a sub-group of the first and last."""
     size = dist.get_world_size()
+    # every tensor below is read by the native tensor reader where the native library loaded
+    assert _core.tensor_reader_in_use() == native.load(), (native.why_not(), _core.tensor_reader_in_use())
     compared = check_all_reduce() + check_data_movement() + check_non_contiguous()
     if size >= 3:
         members = [0, size - 1]
