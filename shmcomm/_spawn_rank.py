@@ -1,5 +1,6 @@
-"""One rank of ``sc.spawn``: ``python -m shmcomm._spawn_rank WORKDIR`` (the launcher sets RANK,
-WORLD_SIZE and the job's name and secret). Loads ``WORKDIR/call.pkl`` (fn, args, timeout), joins
+"""One rank of ``sc.spawn``: ``main(WORKDIR)``, called by ``spawn._RANK_BOOT`` once it set the
+caller's sys.path (the launcher sets RANK, WORLD_SIZE and the job's name and secret). Loads
+``WORKDIR/call.pkl`` (fn, args, timeout), joins
 the default group, runs ``fn(rank, nprocs, *args)``, and leaves ``WORKDIR/rank<r>.pkl``:
 ``("ok", value)`` or ``("error", exception or None, traceback text)``; a failure also goes to the
 launcher's error file (shmcomm.launcher.error_file), so that it blames the root cause.
@@ -66,7 +67,3 @@ def main(workdir: str) -> int:
             _fail(workdir, rank, exc)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))

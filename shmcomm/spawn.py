@@ -9,6 +9,7 @@ work although every rank is a fresh interpreter (the spawn start method, never f
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import sys
@@ -37,6 +38,15 @@ class RemoteTraceback(Exception):
 
     def __str__(self) -> str:
         return f"\n\nRank {self.rank} raised:\n\n{self.text}"
+
+# A rank's first lines: the caller's sys.path, then the rank's body (shmcomm._spawn_rank). Started
+# as `python -m`, a rank would search the working directory first and never the caller's script
+# directory: a module beside the script (`import helpers` in it, used by fn) was not found in the
+# ranks, and a shmcomm in the working directory would have shadowed the caller's.
+# multiprocessing's spawn hands its children the parent's sys.path for the same reason.
+_RANK_BOOT = ("import json, os, sys; "
+              "sys.path[:] = json.load(open(os.path.join(sys.argv[1], 'sys_path.json'))); "
+              "from shmcomm._spawn_rank import main; sys.exit(main(sys.argv[1]))")
 
 
 def spawn(fn: Callable[..., Any], nprocs: int, args: tuple = (), timeout: float | None = None) -> list:
@@ -108,8 +118,9 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: tuple = (), timeout: float 
             raise TypeError(f"fn and args must be picklable to reach the ranks: {exc}") from exc
         with open(os.path.join(workdir, "call.pkl"), "wb") as f:
             f.write(call)
-        cfg = LaunchConfig(nproc=nprocs, summary=False,
-                           command=[sys.executable, "-m", "shmcomm._spawn_rank", workdir])
+        with open(os.path.join(workdir, "sys_path.json"), "w") as f:
+            json.dump(sys.path, f)
+        cfg = LaunchConfig(nproc=nprocs, summary=False, command=[sys.executable, "-c", _RANK_BOOT, workdir])
         outcome = run_job(cfg)
         if outcome.launcher_signal is not None:
             raise KeyboardInterrupt(f"sc.spawn: stopped every rank on "

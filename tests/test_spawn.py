@@ -49,6 +49,33 @@ def test_the_issue_example_returns_every_ranks_value(how, tmp_path):
     assert "RESULT [6.0, 6.0, 6.0]" in out, out
 
 
+def test_ranks_import_what_the_caller_imports_from_any_working_directory(tmp_path):
+    """A script run from another directory: fn uses a module beside the script (the ranks used to
+    search the working directory instead, and raised ModuleNotFoundError), and a package named
+    shmcomm in the working directory shadows nothing (the ranks take the caller's sys.path)."""
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir()
+    (elsewhere / "shmcomm").mkdir(parents=True)
+    (elsewhere / "shmcomm" / "__init__.py").write_text("raise ImportError('the shadow shmcomm was imported')\n")
+    (project / "helpers.py").write_text("def triple(x):\n    return 3 * x\n")
+    (project / "job.py").write_text(textwrap.dedent("""
+        import shmcomm as sc
+        import helpers
+
+        def work(rank, n):
+            return helpers.triple(rank)
+
+        if __name__ == "__main__":
+            print("RESULT", sc.spawn(work, 3))
+    """))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    res = subprocess.run([sys.executable, str(project / "job.py")], cwd=elsewhere, env=env,
+                         capture_output=True, text=True, timeout=90)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert "RESULT [0, 3, 6]" in out, out
+
+
 @pytest.mark.parametrize("nprocs", [1, 2, 4])
 def test_values_come_back_in_rank_order_with_args(nprocs):
     rc, out = python(f"""
