@@ -58,6 +58,9 @@ def calls(kind, nbytes, world):
     if kind == "reduce_scatter":
         whole = np.ones(a.size * world, np.float32)
         return lambda: sc.reduce_scatter_into(a, whole)
+    if kind == "scatter":
+        parts = [np.ones(a.size, np.float32) for _ in range(world)] if sc.get_rank() == 0 else None
+        return lambda: sc.scatter(a, parts, src=0)
     if kind == "barrier":
         return sc.barrier
     raise SystemExit(f"unknown kind {kind!r}")

@@ -35,11 +35,11 @@ cdef _rendezvous(Communicator self, size_t slot_bytes, size_t ring_bytes, size_t
         self.cb(self.rank).state = SHM_RANK_DEPARTED
         self.seg.unlink_name()
         raise
-    if self.rank == 0:
-        # The last rank to join removes the name (_register); one killed just before it could
-        # would leave it in /dev/shm for good. The creator makes sure, by nonce: never a later
-        # segment of the same name.
-        _unlink_name_if_nonce(name, _GROUP_NONCE_AT, self.hdr.nonce)
+    # The last rank to join removes the name (_register); one killed between counting itself
+    # and removing it would leave it in /dev/shm for good, and that rank may be rank 0 (a peer
+    # can attach and count itself before the creator does). Every rank makes sure, by nonce:
+    # never a later segment of the same name. (Usually the name is gone: one failed open.)
+    _unlink_name_if_nonce(name, _GROUP_NONCE_AT, self.hdr.nonce)
     for r in range(self.size):
         self.pids[r] = self.cb(r).pid
         if r != self.rank:

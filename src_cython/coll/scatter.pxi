@@ -43,11 +43,12 @@ cdef int _run_scatter(Communicator c, op_t *o) except -1 nogil:
         ch = min(cap, nbytes - off)
         blk = _align_up(ch, 64)  # rank q's piece at q * blk of the root's slot
         s = c.next_step()
-        at = c.slot(root, s) + _slot_shift(c.slot_bytes, s, c.size * blk)
+        # broadcast's pattern (only the root writes the slot): its shift and its copies
+        at = c.slot(root, s) + _slot_shift_from(c.slot_bytes, s, c.size * blk, BROADCAST_SHIFT_MIN)
         if c.rank == root:
             for q in range(c.size):
                 if q != root:
-                    memcpy(at + q * blk, ins[q] + off, ch)
+                    capi.shm_slot_memcpy(at + q * blk, ins[q] + off, ch)
         _step(c)
         if first:
             _check_desc(c)
