@@ -4,7 +4,8 @@ torch, measured in one run on the same processes (alternated rounds, medians).
 Run:  python bench/bench_torch_ops.py [-n 2] [--sizes 8,1024,16384,65536,262144,1048576]
                                       [--dtypes float32,bfloat16] [--rounds 7] [--seconds 0.2]
 
-  op          ``torch.ops.shmcomm.all_reduce_(t, "sum", None)`` (native kernel where built)
+  op          ``torch.ops.shmcomm.all_reduce_(t)`` (native kernel where built; "sum" and the
+              default group are the defaults: DeepSpeed's call shape)
   op, shared  the op on a tensor from the group's shared memory (``pg.allocate_tensor``, as a
               decoder whose projections write into such a buffer would pass): zero copy from 4 KiB
   drop-in     ``shmcomm.torch_ops.all_reduce_(t)`` (eager: the core, no dispatcher)
@@ -72,8 +73,8 @@ def rank_main(rank: int, size: int, args) -> dict | None:
         for nbytes in [int(b) for b in args.sizes.split(",")]:
             t = torch.ones(max(1, nbytes // dtype.itemsize), dtype=dtype)
             shared = dist.group.WORLD.allocate_tensor(t.numel(), dtype=dtype)  # collective
-            ways = {"op": lambda: torch.ops.shmcomm.all_reduce_(t, "sum", None),
-                    "op, shared": lambda: torch.ops.shmcomm.all_reduce_(shared, "sum", None),
+            ways = {"op": lambda: torch.ops.shmcomm.all_reduce_(t),
+                    "op, shared": lambda: torch.ops.shmcomm.all_reduce_(shared),
                     "drop-in": lambda: all_reduce_(t),
                     "sc": lambda: sc.all_reduce(t),
                     "dist": lambda: dist.all_reduce(t)}

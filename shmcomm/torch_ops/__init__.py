@@ -17,7 +17,7 @@ Example::
     dist.init_process_group("shmcomm")                # under shmrun or torchrun
     t = torch.ones(4096, dtype=torch.bfloat16)
     all_reduce_(t)                                    # t == world_size on every rank
-    torch.ops.shmcomm.all_reduce_(t, "sum", None)     # the same, as an op (inside torch.compile too)
+    torch.ops.shmcomm.all_reduce_(t)                  # the same, as an op ("sum", default group; compiles too)
 """
 
 from __future__ import annotations

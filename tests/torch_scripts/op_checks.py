@@ -104,7 +104,9 @@ def check_all_reduce(group=None, ranks=None, calls=("op", "python", "drop_in")) 
         for op in ops_for(dtype):
             call = calls[(salt + len(op)) % len(calls)]
             t = value(me, n, dtype, salt)
-            if call == "op":
+            if call == "op" and op == "sum" and name is None:  # DeepSpeed's call shape: the defaults
+                out = torch.ops.shmcomm.all_reduce_(t)
+            elif call == "op":
                 out = torch.ops.shmcomm.all_reduce_(t, op, name)
             elif call == "python":
                 out = kernels.all_reduce_(t, op, name)
