@@ -31,9 +31,14 @@
 #   calls of a class it flips that class's way for a window of TUNE_WINDOW calls, times them (the
 #   first TUNE_WARM not: lines still move from the old way's state; each sample clipped at 3x the
 #   average, so one preempted call cannot decide) and keeps the flip if it was faster by
-#   TUNE_GAIN than as many calls just before the window (warm, and close in time: weighed
-#   against the whole average, the first calls' page faults once made a 32 MiB class switch to
-#   the slower way). The first window opens early (a job's first state matters most, and a 16 MiB class
+#   TUNE_GAIN than both as many calls just before the window (warm, and close in time: weighed
+#   against the whole average alone, the first calls' page faults once made a 32 MiB class switch
+#   to the slower way) and the running average (weighed against the calls before alone, a few
+#   slow ones among them can flip a class to the slower way for 128 calls; 64 KiB's streaming
+#   stores are 1.7x slower here, and the tuned group's 64 KiB spread over 7 launches of
+#   bench_tuning.py was 1.29-1.35 in two runs, 1.06-1.16 in five with both). A real change of
+#   the machine's state moves the average within some 20 calls, so the flip it calls for comes
+#   at the same window unless the change came within those calls of it. The first window opens early (a job's first state matters most, and a 16 MiB class
 #   may see few calls); a window that changed nothing doubles the class's period up to
 #   TUNE_PERIOD_MAX, so probing costs about TUNE_WINDOW / period of the calls, under 0.05% once
 #   settled (some 60 calls of each class in all before that); one that changed the choice sets it
@@ -141,8 +146,8 @@ cdef void _tune_timed(Communicator c, tuner_t *t, size_t nbytes, uint64_t starte
     # (both warm, and close in time: the first calls of a class pay page faults, and the
     # machine's state moves), else flip back.
     t.calls[b] = 0
-    if t.base_n[b]:
-        avg = t.base[b] / t.base_n[b]
+    if t.base_n[b]:  # the slower of the two measures of the way in use: neither alone can flip
+        avg = min(avg, t.base[b] / t.base_n[b]) if avg > 0 else t.base[b] / t.base_n[b]
     if t.probe_n[b] and t.probe[b] / t.probe_n[b] < TUNE_GAIN * avg:
         t.avg[b] = t.probe[b] / t.probe_n[b]
         t.period[b] = TUNE_PERIOD_CHANGED
