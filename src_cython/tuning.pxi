@@ -106,6 +106,29 @@ cdef inline uint64_t _tune_timer(Communicator c, size_t nbytes) noexcept nogil:
     return capi.shm_now_ns()
 
 
+cdef inline bint _flip_wins(double window, double before, double average) noexcept nogil:
+    """Whether a window whose calls took ``window`` ns each beat the way in use: faster by
+    TUNE_GAIN than both the calls just before it (``before`` ns each; 0: none were timed) and
+    the class's running ``average`` (see the top of this file: neither alone may flip)."""
+    cdef double ref = average
+    if before > 0:
+        ref = min(average, before) if average > 0 else before
+    return window < TUNE_GAIN * ref
+
+
+def _tuner_keeps_flip(window_ns, before_ns, average_ns):
+    """``_flip_wins`` for tests: whether a window of ``window_ns`` a call keeps its flip.
+
+    Example::
+
+        >>> _tuner_keeps_flip(10_000, 20_000, 10_500)   # only the calls before it were slow
+        False
+        >>> _tuner_keeps_flip(10_000, 20_000, 20_000)   # the way in use is slow: flip
+        True
+    """
+    return _flip_wins(window_ns, before_ns, average_ns)
+
+
 cdef void _tune_timed(Communicator c, tuner_t *t, size_t nbytes, uint64_t started) noexcept nogil:
     """Rank 0, after a call timed from ``started``: average it in, and probe or decide (see top)."""
     cdef uint64_t i, window
@@ -146,9 +169,7 @@ cdef void _tune_timed(Communicator c, tuner_t *t, size_t nbytes, uint64_t starte
     # (both warm, and close in time: the first calls of a class pay page faults, and the
     # machine's state moves), else flip back.
     t.calls[b] = 0
-    if t.base_n[b]:  # the slower of the two measures of the way in use: neither alone can flip
-        avg = min(avg, t.base[b] / t.base_n[b]) if avg > 0 else t.base[b] / t.base_n[b]
-    if t.probe_n[b] and t.probe[b] / t.probe_n[b] < TUNE_GAIN * avg:
+    if t.probe_n[b] and _flip_wins(t.probe[b] / t.probe_n[b], t.base[b] / t.base_n[b] if t.base_n[b] else 0, avg):
         t.avg[b] = t.probe[b] / t.probe_n[b]
         t.period[b] = TUNE_PERIOD_CHANGED
         return

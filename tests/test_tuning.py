@@ -155,3 +155,16 @@ def _fixed_mask_stays(rank, size):
 @pytest.mark.timeout(60)
 def test_a_fixed_mask_is_never_probed():
     assert run_ranks(_fixed_mask_stays, 2, timeout=50, env={"SHMCOMM_CMA_BYTES": 1 << 30}) == [0x10, 0x10]
+
+
+def test_a_window_flips_only_if_faster_than_the_calls_before_it_and_the_average():
+    """A window keeps its flip only when clearly faster (TUNE_GAIN, 0.85) than both the calls
+    just before it and the class's running average: a few slow calls before the window (a
+    preempted rank) once flipped 64 KiB to streaming stores, 1.7x slower here, and page faults
+    of a class's first calls inflate the average."""
+    keeps = sc._core._tuner_keeps_flip
+    assert keeps(10_000, 20_000, 20_000)          # the way in use is slower by both measures
+    assert not keeps(10_000, 20_000, 10_500)      # only the calls before the window were slow
+    assert not keeps(10_000, 10_500, 20_000)      # only the average (first calls' page faults)
+    assert not keeps(9_000, 10_000, 10_000)       # faster, but by less than TUNE_GAIN
+    assert keeps(8_000, 0, 10_000)                # no calls before it timed: the average decides
