@@ -39,13 +39,14 @@ class RemoteTraceback(Exception):
     def __str__(self) -> str:
         return f"\n\nRank {self.rank} raised:\n\n{self.text}"
 
+
 # A rank's first lines: the caller's sys.path, then the rank's body (shmcomm._spawn_rank). Started
 # as `python -m`, a rank would search the working directory first and never the caller's script
 # directory: a module beside the script (`import helpers` in it, used by fn) was not found in the
 # ranks, and a shmcomm in the working directory would have shadowed the caller's.
 # multiprocessing's spawn hands its children the parent's sys.path for the same reason.
-_RANK_BOOT = ("import json, os, sys; "
-              "sys.path[:] = json.load(open(os.path.join(sys.argv[1], 'sys_path.json'))); "
+_RANK_BOOT = ("import json, pathlib, sys; "
+              "sys.path[:] = json.loads(pathlib.Path(sys.argv[1], 'sys_path.json').read_text()); "
               "from shmcomm._spawn_rank import main; sys.exit(main(sys.argv[1]))")
 
 

@@ -144,7 +144,8 @@ cdef tensor_reader_t _tensor_reader = NULL
 
 def use_tensor_reader(size_t address) -> None:
     """Read tensors with the C function at ``address`` (``shmcomm_read_tensor`` of the native
-    library, shmcomm/torch_ops/native.py), or through Python again (0).
+    library, shmcomm/torch_ops/native.py), or through Python again (0). Internal: an address
+    that is not such a function crashes the process at the next tensor.
 
     Example::
 
@@ -181,7 +182,8 @@ def native_tensor_view(t):
 cdef inline bint _read_tensor(object t, buf_t *out):
     """Fill ``out`` from the native reader; False where there is none or it declines ``t``."""
     cdef tensor_view_t view
-    if _tensor_reader == NULL or not _tensor_reader(<PyObject *>t, &view):
+    if _tensor_reader == NULL or not _tensor_reader(<PyObject *>t, &view) \
+            or not 0 <= view.dtype < SHM_NDTYPES:  # (a code the core lacks: the Python reads)
         return False
     out.ptr = <char *>view.data
     out.dtype = view.dtype

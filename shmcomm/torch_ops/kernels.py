@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 
 from shmcomm import _core
-from shmcomm.torch_ops.groups import COMMS, resolve
+from shmcomm.torch_ops.groups import resolve
 
 SCHEMAS = {
     # reduce_op defaults to "sum": `torch.ops.shmcomm.all_reduce_(t)` has the call shape of
