@@ -131,6 +131,14 @@ def _wait_ready(procs: list[subprocess.Popen]) -> None:
         assert line.strip() == "ready", line + p.stdout.read()
 
 
+def _made_by(seg: segments.SegmentInfo, pids: set[int]) -> bool:
+    """Whether ``seg`` was made by one of ``pids``, as far as the file tells (its ranks, or a
+    staging name's creator); a file that names no process counts as theirs."""
+    if seg.creator is not None:
+        return seg.creator[0] in pids
+    return not seg.pids or bool(pids.intersection(seg.pids))
+
+
 def _survivors_fail_fast(procs: list[subprocess.Popen], victim: int, job: str,
                         before: set[str] | None = None) -> dict[int, str]:
     """SIGKILL rank ``victim``; every other rank must exit with code 3 (it caught a
@@ -151,8 +159,12 @@ def _survivors_fail_fast(procs: list[subprocess.Popen], victim: int, job: str,
     if before is None:
         left = segments.list_segments(job=job)
     else:
-        # new since the start, and no live process's (another test's may be running beside)
-        left = [seg for seg in segments.list_segments() if seg.name not in before and seg.stale]
+        # new since the start, no live process's, and made by these ranks where the file says by
+        # whom: another test running beside may leave its own stale files for a moment (the one
+        # that kills creators without O_TMPFILE leaves staging names it then removes)
+        ours = {p.pid for p in procs}
+        left = [seg for seg in segments.list_segments() if seg.name not in before and seg.stale
+                and _made_by(seg, ours)]
     for seg in left:
         try:
             os.unlink(seg.path)
