@@ -31,19 +31,17 @@
 #   calls of a class it flips that class's way for a window of TUNE_WINDOW calls, times them (the
 #   first TUNE_WARM not: lines still move from the old way's state; each sample clipped at 3x the
 #   average, so one preempted call cannot decide) and keeps the flip if it was faster by
-#   TUNE_GAIN than both as many calls just before the window (warm, and close in time: weighed
-#   against the whole average alone, the first calls' page faults once made a 32 MiB class switch
-#   to the slower way) and the running average (weighed against the calls before alone, a few
-#   slow ones among them can flip a class to the slower way for 128 calls; 64 KiB's streaming
-#   stores are 1.7x slower here, and the tuned group's 64 KiB spread over 7 launches of
-#   bench_tuning.py was 1.29-1.35 in two runs, 1.06-1.16 in five with both). A real change of
-#   the machine's state moves the average within some 20 calls, so the flip it calls for comes
-#   at the same window unless the change came within those calls of it. The first window opens early (a job's first state matters most, and a 16 MiB class
-#   may see few calls); a window that changed nothing doubles the class's period up to
-#   TUNE_PERIOD_MAX, so probing costs about TUNE_WINDOW / period of the calls, under 0.05% once
-#   settled (some 60 calls of each class in all before that); one that changed the choice sets it
-#   to TUNE_PERIOD_CHANGED. Classes are independent: a size that runs for a while gets probed
-#   whatever else the group runs.
+#   TUNE_GAIN than both as many calls just before the window and the running average
+#   (_flip_wins). Against the average alone, the first calls' page faults once made a 32 MiB
+#   class switch to the slower way; against the calls before alone, a few slow ones there could
+#   flip 64 KiB to streaming stores, 1.7x slower here, for 128 calls (README: the tuned group's
+#   spread). A real change of state moves the average within some 20 calls. The first window
+#   opens early (a job's first state matters most, and a 16 MiB class may see few calls); a
+#   window that changed nothing doubles the class's period up to TUNE_PERIOD_MAX, so probing
+#   costs about TUNE_WINDOW / period of the calls, under 0.05% once settled (some 60 calls of
+#   each class in all before that); one that changed the choice sets it to TUNE_PERIOD_CHANGED.
+#   Classes are independent: a size that runs for a while gets probed whatever else the group
+#   runs.
 cdef int TUNE_WINDOW = 6
 cdef int TUNE_WARM = 1
 cdef uint64_t TUNE_PERIOD_MIN = 32      # the first window opens after 26 calls
@@ -110,10 +108,7 @@ cdef inline bint _flip_wins(double window, double before, double average) noexce
     """Whether a window whose calls took ``window`` ns each beat the way in use: faster by
     TUNE_GAIN than both the calls just before it (``before`` ns each; 0: none were timed) and
     the class's running ``average`` (see the top of this file: neither alone may flip)."""
-    cdef double ref = average
-    if before > 0:
-        ref = min(average, before) if average > 0 else before
-    return window < TUNE_GAIN * ref
+    return window < TUNE_GAIN * (min(average, before) if before > 0 else average)
 
 
 def _tuner_keeps_flip(window_ns, before_ns, average_ns):
@@ -132,7 +127,7 @@ def _tuner_keeps_flip(window_ns, before_ns, average_ns):
 cdef void _tune_timed(Communicator c, tuner_t *t, size_t nbytes, uint64_t started) noexcept nogil:
     """Rank 0, after a call timed from ``started``: average it in, and probe or decide (see top)."""
     cdef uint64_t i, window
-    cdef double ns, avg
+    cdef double ns, avg, before
     cdef int b
     cdef uint32_t bit
     if started == 0:
@@ -165,11 +160,10 @@ cdef void _tune_timed(Communicator c, tuner_t *t, size_t nbytes, uint64_t starte
         t.probe_n[b] += 1
     if i + 1 < t.period[b]:
         return
-    # The window closes: keep the flip if it was clearly faster than the calls just before it
-    # (both warm, and close in time: the first calls of a class pay page faults, and the
-    # machine's state moves), else flip back.
+    # The window closes: keep the flip if it was clearly faster than the way in use, else flip back.
     t.calls[b] = 0
-    if t.probe_n[b] and _flip_wins(t.probe[b] / t.probe_n[b], t.base[b] / t.base_n[b] if t.base_n[b] else 0, avg):
+    before = t.base[b] / t.base_n[b] if t.base_n[b] else 0
+    if t.probe_n[b] and _flip_wins(t.probe[b] / t.probe_n[b], before, avg):
         t.avg[b] = t.probe[b] / t.probe_n[b]
         t.period[b] = TUNE_PERIOD_CHANGED
         return

@@ -12,9 +12,10 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/library.h>
 
-#include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace {
 
@@ -23,8 +24,7 @@ using Entry = int (*)(const char *group, int op, void *data, int64_t count, int 
 struct Core {
   Entry entry = nullptr;
   PyObject *python_kernel = nullptr;             // kernels.all_reduce_ (kept for the process)
-  std::array<std::string, 16> op_names{};        // shmcomm op code -> lower-case name
-  int n_ops = 0;
+  std::vector<std::pair<std::string, int>> op_codes;  // reduce_op name -> op code (_core.torch_op_codes)
 };
 
 PyObject *attr_of(const char *module, const char *name) {
@@ -45,22 +45,25 @@ const Core &core() {
   c->entry = reinterpret_cast<Entry>(PyCapsule_GetPointer(capsule, "shmcomm._core.torch_all_reduce"));
   Py_DECREF(capsule);
   if (!c->entry) throw python_error();
-  PyObject *op_names = attr_of("shmcomm._core", "OP_NAMES");
-  c->n_ops = static_cast<int>(std::min<Py_ssize_t>(PyTuple_GET_SIZE(op_names), 16));
-  for (int code = 0; code < c->n_ops; ++code) {
-    std::string name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(op_names, code));
-    for (auto &ch : name) ch = static_cast<char>(std::tolower(ch));
-    c->op_names[code] = name == "premul_sum" ? std::string() : name;  // needs a factor: Python names it
+  // the names the core's direct path takes, from its one table (PREMUL_SUM is not there: it
+  // needs a factor, and the Python kernel names the problem)
+  PyObject *codes = attr_of("shmcomm._core", "torch_op_codes");
+  PyObject *name, *code;
+  Py_ssize_t pos = 0;
+  while (PyDict_Next(codes, &pos, &name, &code)) {
+    const char *text = PyUnicode_AsUTF8(name);
+    if (text) c->op_codes.emplace_back(text, static_cast<int>(PyLong_AsLong(code)));
   }
-  Py_DECREF(op_names);
+  Py_DECREF(codes);
+  PyErr_Clear();  // a name that is not text is left out: the Python kernel serves it
   c->python_kernel = attr_of("shmcomm.torch_ops.kernels", "all_reduce_");
   loaded = c;
   return *c;
 }
 
 int op_code(const Core &c, c10::string_view op) {
-  for (int code = 0; code < c.n_ops; ++code)
-    if (!c.op_names[code].empty() && op == c.op_names[code]) return code;
+  for (const auto &[name, code] : c.op_codes)
+    if (op == name) return code;
   return -1;
 }
 
